@@ -1,0 +1,56 @@
+"""The paged KV pool: the device side of PagedAttention.
+
+Axis names: P pages (blocks), S page size, K kv heads, D head dim, T new tokens.
+
+A pool is a list with one ``(k_pages, v_pages)`` pair per layer, each ``[P, S, K, D]``.
+Separate per-layer buffers (not one stacked array) let a jitted step donate and update each
+layer in place; a stacked ``lax.scan`` layout copies the cache every step (DESIGN.md).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+KVPool = list[tuple[jax.Array, jax.Array]]
+
+
+def init_kv_pool(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype=jnp.float32) -> KVPool:
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers)]
+
+
+def kv_pool_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                            dtype=jnp.float32) -> int:
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+
+
+def write_kv(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array,
+             slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Scatters new K/V rows ``[T, K, D]`` to flat slots ``i32[T]`` (page * S + offset).
+
+    Negative slots mark padding tokens and are dropped.
+    """
+    num_pages, page_size = k_pages.shape[:2]
+    num_slots = num_pages * page_size
+    slots = jnp.where(slot_mapping < 0, num_slots, slot_mapping)  # out of range => dropped
+
+    def scatter(pages, rows):
+        flat = pages.reshape(num_slots, *pages.shape[2:])
+        flat = flat.at[slots].set(rows.astype(pages.dtype), mode="drop")
+        return flat.reshape(pages.shape)
+
+    return scatter(k_pages, k), scatter(v_pages, v)
+
+
+def copy_blocks(pool: KVPool, src: jax.Array, dst: jax.Array) -> KVPool:
+    """Copy-on-write: copies pages ``src i32[N]`` onto ``dst i32[N]`` in every layer.
+
+    Pairs with dst < 0 are padding and are skipped.
+    """
+    def copy(pages):
+        num_pages = pages.shape[0]
+        safe_dst = jnp.where(dst < 0, num_pages, dst)
+        return pages.at[safe_dst].set(pages[jnp.clip(src, 0, num_pages - 1)], mode="drop")
+
+    return [(copy(k), copy(v)) for k, v in pool]

@@ -1,0 +1,57 @@
+"""Attention for the model family: the paged-cache path and the full-sequence oracle.
+
+``AttentionMetadata`` carries everything a step needs to find a sequence's K/V in the pool.
+``paged_attention`` is the single dispatch point where the Pallas kernels plug in
+(``attention_impl``: "auto" = Pallas on GPU, the XLA reference elsewhere).
+
+Axis names: B sequences, T packed tokens, H query heads, K kv heads, D head dim, M pages per
+sequence.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from pallas_kernels import paged_attention as pa
+
+
+@struct.dataclass
+class AttentionMetadata:
+    slot_mapping: jax.Array  # i32[T]: flat pool slot to write each new token's K/V; < 0 = padding
+    block_tables: jax.Array  # i32[B, M]
+    context_lens: jax.Array  # i32[B]: cached + new tokens, after this step
+    cu_q_lens: jax.Array  # i32[B+1]: sequence b owns packed rows cu_q_lens[b]:cu_q_lens[b+1]
+    decode_only: bool = struct.field(pytree_node=False, default=False)  # every q_len is 1 and T == B
+
+
+def resolve_impl(impl: str) -> str:
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    if impl not in ("pallas", "reference"):
+        raise ValueError(f"attention_impl must be 'auto', 'pallas' or 'reference', got {impl!r}")
+    return impl
+
+
+def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                    meta: AttentionMetadata, impl: str = "auto") -> jax.Array:
+    """q [T, H, D] against the pool through the block tables -> [T, H, D]."""
+    impl = resolve_impl(impl)
+    if meta.decode_only:
+        fn = pa.paged_attention_reference if impl == "reference" else pa.paged_attention
+        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
+    fn = pa.ragged_paged_attention_reference if impl == "reference" else pa.ragged_paged_attention
+    return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Full-sequence causal attention with no cache: q [B, L, H, D], k/v [B, L, K, D]."""
+    b, length, h, d = q.shape
+    kv_heads = k.shape[2]
+    qg = q.reshape(b, length, kv_heads, h // kv_heads, d).astype(jnp.float32)
+    s = jnp.einsum("blkgd,bmkd->bkglm", qg, k.astype(jnp.float32)) * d ** -0.5
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    s = jnp.where(causal, s, -1e30)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkglm,bmkd->blkgd", p, v.astype(jnp.float32))
+    return o.reshape(b, length, h, d).astype(q.dtype)

@@ -1,0 +1,120 @@
+"""Hugging Face import: a local directory (config.json + *.safetensors) -> (ModelConfig, params).
+
+Only local paths are read; nothing here touches the network. Supported ``model_type``s: llama,
+qwen2, qwen3. Every HF tensor is mapped by name onto the params pytree built from the config, so
+a missing tensor, an unexpected one or a shape mismatch is an error that names the tensor.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+
+from jaxserve.config import ModelConfig
+from jaxserve.models.transformer import param_shapes
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
+    """Maps an HF config.json dict onto ModelConfig; unsupported features are errors."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"unsupported rope scaling {rope_type!r} in config.json (only unscaled RoPE)")
+    if hf.get("use_sliding_window"):
+        raise ValueError("unsupported: use_sliding_window=true in config.json")
+    heads = hf["num_attention_heads"]
+    bias = bool(hf.get("attention_bias", False))
+    eos = hf.get("eos_token_id")
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=True if model_type == "qwen2" else bias,
+        o_bias=False if model_type == "qwen2" else bias,
+        qk_norm=model_type == "qwen3",
+        dtype=dtype,
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=eos[0] if isinstance(eos, list) else eos,
+    )
+
+
+def hf_tensor_name(path: tuple[str, ...]) -> tuple[str, bool]:
+    """Params path -> (HF tensor name, whether the HF tensor is the transposed kernel)."""
+    if path == ("embed", "embedding"):
+        return "model.embed_tokens.weight", False
+    if path == ("final_norm", "scale"):
+        return "model.norm.weight", False
+    if path == ("lm_head", "kernel"):
+        return "lm_head.weight", True
+    layer = int(path[0].removeprefix("layers_"))
+    prefix = f"model.layers.{layer}"
+    if path[1] in ("input_norm", "post_attention_norm"):
+        name = {"input_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"}[path[1]]
+        return f"{prefix}.{name}.weight", False
+    block = {"attn": "self_attn", "mlp": "mlp"}[path[1]]
+    leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[path[3]]
+    return f"{prefix}.{block}.{path[2]}.{leaf}", path[3] == "kernel"
+
+
+def _read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {directory}")
+    tensors = {}
+    for f in files:
+        with safe_open(f, framework="flax") as sf:
+            for name in sf.keys():
+                tensors[name] = sf.get_tensor(name)
+    return tensors
+
+
+def load_hf(path: str | pathlib.Path, dtype: str = "float32") -> tuple[ModelConfig, dict]:
+    """Reads a local HF model directory into ``(ModelConfig, params)`` in ``dtype``."""
+    directory = pathlib.Path(path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json)")
+    config = config_from_hf(json.loads((directory / "config.json").read_text()), dtype)
+    tensors = _read_safetensors(directory)
+    expected = param_shapes(config)
+    used = set()
+
+    def load_leaf(key_path, shape_dtype):
+        path = tuple(k.key for k in key_path)
+        name, transpose = hf_tensor_name(path)
+        if name not in tensors:
+            raise ValueError(f"checkpoint {directory} is missing tensor {name!r} (for params {'/'.join(path)})")
+        value = jnp.asarray(tensors[name])
+        value = value.T if transpose else value
+        if value.shape != shape_dtype.shape:
+            raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, expected "
+                             f"{shape_dtype.shape[::-1] if transpose else shape_dtype.shape} for this config")
+        used.add(name)
+        return value.astype(shape_dtype.dtype)
+
+    params = jax.tree_util.tree_map_with_path(load_leaf, expected)
+    unexpected = sorted(n for n in tensors if n not in used and not _IGNORED.match(n)
+                        and not (config.tie_word_embeddings and n == "lm_head.weight"))
+    if unexpected:
+        raise ValueError(f"checkpoint {directory} has tensors this model does not use: {unexpected[:5]}"
+                         f"{' ...' if len(unexpected) > 5 else ''}")
+    return config, params

@@ -1,0 +1,33 @@
+"""Named model shapes, so experiments and the CLI can say ``model=tiny-llama``."""
+from __future__ import annotations
+
+from jaxserve.config import ModelConfig
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny-llama": ModelConfig(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=176,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                              max_position_embeddings=512),
+    "tiny-qwen3": ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_size=176,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True,
+                              tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=512),
+    "small-llama": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=704,
+                               num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,
+                               max_position_embeddings=2048),
+    "llama3-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                             num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
+                             rms_norm_eps=1e-5, max_position_embeddings=8192, dtype="bfloat16"),
+    "qwen3-0.6b": ModelConfig(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                              num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, qk_norm=True,
+                              tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=40960,
+                              dtype="bfloat16"),
+    "qwen2-0.5b": ModelConfig(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                              num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=True,
+                              tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=32768,
+                              dtype="bfloat16"),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; available: {sorted(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,119 @@
+"""The decoder-only transformer family (Llama, Qwen2, Qwen3) as pure functions of params.
+
+Axis names: B batch, L sequence length, T packed tokens, V vocabulary, E hidden size.
+
+Two entry points share one module tree and one params pytree:
+- ``forward(params, config, tokens[T], positions[T], kv_pool, meta) -> (logits, kv_pool)``: the
+  serving step over a packed batch, K/V written into and read from the paged pool;
+- ``forward_full(params, config, tokens[B, L]) -> logits[B, L, V]``: plain causal forward with no
+  cache, used by training and as the oracle in tests.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxserve.cache.kv_pool import KVPool, write_kv
+from jaxserve.config import ModelConfig
+from jaxserve.models.attention import AttentionMetadata, causal_attention, paged_attention
+from jaxserve.models.layers import RMSNorm, SwiGLU, rope
+
+_INIT = nn.initializers.normal(0.02)
+
+
+def _dense(features: int, bias: bool, dtype, name: str) -> nn.Dense:
+    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, kernel_init=_INIT, name=name)
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    attention_impl: str
+
+    @nn.compact
+    def __call__(self, x, positions, kv=None, meta: AttentionMetadata | None = None):
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        lead = x.shape[:-1]
+        q = _dense(c.num_heads * c.head_dim, c.qkv_bias, dt, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
+        k = _dense(c.num_kv_heads * c.head_dim, c.qkv_bias, dt, "k_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
+        v = _dense(c.num_kv_heads * c.head_dim, c.qkv_bias, dt, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
+        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        if kv is None:
+            o = causal_attention(q, k, v)
+        else:
+            kv = write_kv(*kv, k, v, meta.slot_mapping)
+            o = paged_attention(q, *kv, meta, self.attention_impl)
+        out = _dense(c.hidden_size, c.o_bias, dt, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
+        return out, kv
+
+
+class DecoderLayer(nn.Module):
+    config: ModelConfig
+    attention_impl: str
+
+    @nn.compact
+    def __call__(self, x, positions, kv=None, meta=None):
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        h, kv = Attention(c, self.attention_impl, name="attn")(
+            RMSNorm(c.rms_norm_eps, dt, name="input_norm")(x), positions, kv, meta)
+        x = x + h
+        x = x + SwiGLU(c.hidden_size, c.intermediate_size, dt, name="mlp")(
+            RMSNorm(c.rms_norm_eps, dt, name="post_attention_norm")(x))
+        return x, kv
+
+
+class Transformer(nn.Module):
+    config: ModelConfig
+    attention_impl: str = "auto"
+
+    @nn.compact
+    def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, embedding_init=_INIT, name="embed")
+        x = embed(tokens)
+        new_pool = []
+        for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
+            x, kv = DecoderLayer(c, self.attention_impl, name=f"layers_{i}")(
+                x, positions, None if kv_pool is None else kv_pool[i], meta)
+            new_pool.append(kv)
+        x = RMSNorm(c.rms_norm_eps, dt, name="final_norm")(x)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        logits = embed.attend(x) if c.tie_word_embeddings else _dense(c.vocab_size, False, dt, "lm_head")(x)
+        return logits.astype(jnp.float32), (None if kv_pool is None else new_pool)
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> dict:
+    """Random params (normal(0.02) weights, unit norms), in ``config.dtype``."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return Transformer(config).init(key, tokens, tokens)["params"]
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The params pytree as ``jax.ShapeDtypeStruct``s, computed without allocating."""
+    return jax.eval_shape(lambda k: init_params(config, k), jax.random.key(0))
+
+
+def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
+            kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
+            logits_indices: jax.Array | None = None) -> tuple[jax.Array, KVPool]:
+    """Serving step over a packed batch.
+
+    tokens, positions: i32[T]; kv_pool: per-layer ``(k, v)`` pages ``[P, S, K, D]``; meta: where each
+    sequence's K/V live. Returns ``(logits f32[T or len(logits_indices), V], kv_pool)`` with this
+    step's K/V written into the pool.
+    """
+    return Transformer(config, attention_impl).apply(
+        {"params": params}, tokens, positions, kv_pool, meta, logits_indices)
+
+
+def forward_full(params: dict, config: ModelConfig, tokens: jax.Array,
+                 positions: jax.Array | None = None) -> jax.Array:
+    """Causal forward with no cache: tokens i32[B, L] -> logits f32[B, L, V]."""
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits, _ = Transformer(config).apply({"params": params}, tokens, positions)
+    return logits
