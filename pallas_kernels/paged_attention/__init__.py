@@ -1,7 +1,14 @@
-"""Paged attention: decode and ragged multi-query variants, with plain-jnp references."""
+"""Paged attention: decode and ragged multi-query Pallas kernels, with plain-jnp references."""
+from pallas_kernels.paged_attention.decode import paged_attention
+from pallas_kernels.paged_attention.ragged import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import (
     paged_attention_reference,
     ragged_paged_attention_reference,
 )
 
-__all__ = ["paged_attention_reference", "ragged_paged_attention_reference"]
+__all__ = [
+    "paged_attention",
+    "paged_attention_reference",
+    "ragged_paged_attention",
+    "ragged_paged_attention_reference",
+]

@@ -1,0 +1,75 @@
+"""Pieces shared by the decode and ragged paged-attention kernels.
+
+Axis names as in ``reference.py``: R rows of a query tile (tokens x query heads of one kv head),
+L keys of one compute block, D head dim.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# Finite, so that `m_prev - m_new` never becomes `-inf - -inf`; fully masked rows keep l == 0.
+MASK_VALUE = -1e30
+
+
+def resolve_interpret(interpret):
+    """None means: compile on GPU, interpret everywhere else (CPU tests)."""
+    if interpret is None:
+        return jax.default_backend() != "gpu"
+    return bool(interpret)
+
+
+def compiler_params(interpret, num_warps=4, num_stages=2):
+    """Pin the Triton lowering when compiling: from jax 0.11 plain pallas_call may pick Mosaic GPU."""
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as pltriton
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _precision(dtype):
+    # f32 inputs: full IEEE products (Triton would otherwise use TF32); bf16/f16 use the MMA as is.
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
+def init_carry(rows: int, head_dim: int):
+    """(m, l, acc): running max, running sum and unnormalised output, all float32."""
+    return (jnp.full((rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, head_dim), jnp.float32))
+
+
+def online_softmax_step(carry, q, k, v, mask, *, sm_scale, soft_cap):
+    """One flash step: q [R, D], k/v [L, D], mask bool[R, L] -> updated (m, l, acc)."""
+    m_prev, l_prev, acc_prev = carry
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_precision(q.dtype),
+                        preferred_element_type=jnp.float32) * sm_scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    s = jnp.where(mask, s, MASK_VALUE)
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+    alpha = jnp.exp(m_prev - m_new)
+    l_new = alpha * l_prev + jnp.sum(p, axis=1)
+    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                         precision=_precision(v.dtype), preferred_element_type=jnp.float32)
+    return m_new, l_new, alpha[:, None] * acc_prev + pv
+
+
+def finish(carry):
+    """(m, l, acc) -> normalised output [R, D] f32 and log-sum-exp [R] (MASK_VALUE where empty)."""
+    m, l, acc = carry
+    out = acc / jnp.maximum(l, 1e-30)[:, None]
+    lse = jnp.where(l > 0, m + jnp.log(jnp.maximum(l, 1e-30)), MASK_VALUE)
+    return out, lse
+
+
+def load_pages(pages_ref, page_ids, head_dim):
+    """Gather whole pages through the block table inside the kernel: [n] ids -> [n*S, D]."""
+    block = pages_ref[page_ids]  # [n, S, D]
+    return block.reshape(-1, head_dim)
