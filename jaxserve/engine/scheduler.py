@@ -1,0 +1,344 @@
+"""Continuous-batching scheduler (host, no JAX): which tokens of which sequences run next.
+
+Iteration-level scheduling in the style of vLLM v1. Every sequence has ``num_tokens`` (prompt
++ outputs) and ``num_computed_tokens``; each ``schedule()`` hands out up to
+``max_num_batched_tokens`` tokens, running sequences first (oldest first: decodes take one
+token, unfinished prefills a chunk), then waiting ones (preempted first, then by arrival)
+while ``max_num_seqs``, the token budget and free blocks allow. A long prompt is split over
+steps (chunked prefill). When a running sequence needs a block and none is free, the newest
+running sequence is preempted: its blocks are freed and it goes back to the front of the
+queue, to be recomputed from prompt + outputs (prefix-cache hits make that cheap).
+
+Driving loop (the engine)::
+
+    sched.add_request("r0", prompt_ids, params)       # ValueError if it can never run
+    while sched.has_unfinished():
+        out = sched.schedule()                        # SchedulerOutput
+        # device: pool[dst] = pool[src] for out.copies, then one step over out.scheduled,
+        # returning logits for the entries with sample=True (num_samples draws each)
+        res = sched.update(out, {s.seq_id: token(s) for s in out.scheduled if s.sample})
+        # res.new_token_ids: seq_id -> token (children of an n>1 fork included)
+        # res.finished: Requests that completed this step (blocks already freed)
+
+``update`` accepts for each sampled entry an ``int`` or, when ``num_samples > 1`` (the step
+that ends an n>1 request's prefill), a sequence of ``num_samples`` ints: sample 0 continues
+the sequence, sample j goes to a new child sharing its blocks (``Sequence.index == j``).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence as Seq
+
+from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError
+from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's work in a step. Positions are ``start_pos + arange(len(token_ids))``."""
+    seq_id: int
+    request_id: str
+    index: int  # sample number within the request (per-sample RNG streams)
+    token_ids: list[int]  # tokens to run this step
+    start_pos: int  # == num_computed_tokens before the step
+    block_table: list[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    slot_mapping: list[int]  # flat KV slot of each token in token_ids
+    sample: bool  # sample a token from the last position's logits after this step
+    num_samples: int  # tokens to draw when sample (n at the end of an n>1 prefill, else 1)
+    sampling_params: Any
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence]
+    copies: list[tuple[int, int]]  # (src, dst) KV block copies to perform before the step
+    preempted: list[int]  # seq ids preempted (blocks freed) while scheduling this step
+    num_batched_tokens: int  # sum of len(token_ids)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class UpdateResult:
+    new_token_ids: dict[int, int] = field(default_factory=dict)  # seq_id -> token appended
+    finished: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    """Owns the waiting queue and running list; drives a ``BlockManager``."""
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int,
+                 eos_token_id: int | None = None, enable_chunked_prefill: bool = True):
+        if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
+                             f"{max_num_batched_tokens}, max_model_len={max_model_len} must be >= 1")
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(f"without chunked prefill max_num_batched_tokens="
+                             f"{max_num_batched_tokens} must be >= max_model_len={max_model_len}")
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_id = eos_token_id
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Request] = {}  # unfinished only
+        self.seqs: dict[int, Sequence] = {}  # unfinished only
+        self.num_preemptions = 0
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._last_output: SchedulerOutput | None = None
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any) -> Request:
+        """Queues a request; raises ``ValueError`` (no state change) if it can never run."""
+        self._validate(request_id, prompt_token_ids, sampling_params)
+        req = Request(request_id, prompt_token_ids, sampling_params, next(self._arrivals))
+        seq = Sequence(next(self._seq_ids), req, 0)
+        req.seqs.append(seq)
+        self.seqs[seq.seq_id] = seq
+        self.requests[request_id] = req
+        self.waiting.append(seq)
+        return req
+
+    def abort(self, request_id: str) -> Request:
+        """Stops a request now and frees all its blocks; unknown (or finished) id: ValueError."""
+        req = self.requests.get(request_id)
+        if req is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        del self.requests[request_id]
+        return req
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request:
+        try:
+            return self.requests[request_id]
+        except KeyError:
+            raise ValueError(f"unknown request id {request_id!r}") from None
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        copies: list[tuple[int, int]] = []
+        preempted: list[int] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            cow = self._append_or_preempt(seq, n, preempted)
+            if cow is None:  # seq preempted itself: nothing newer is left to schedule
+                break
+            copies += cow
+            scheduled.append((seq, n))
+            budget -= n
+            i += 1
+
+        # Admitting new work right after a preemption would just thrash.
+        if not preempted:
+            reserved = sum(self._seats(s) for s in self.running)
+            while self.waiting and budget > 0:
+                seq = self.waiting[0]
+                if reserved + self._seats(seq) > self.max_num_seqs:
+                    break
+                n = self._admit(seq, budget)
+                if n is None:
+                    break
+                self.waiting.popleft()
+                copies += self.bm.append_slots(seq.seq_id, n)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                scheduled.append((seq, n))
+                budget -= n
+                reserved += self._seats(seq)
+
+        out = SchedulerOutput([self._entry(s, n) for s, n in scheduled], copies, preempted,
+                              self.max_num_batched_tokens - budget)
+        self._last_output = out
+        return out
+
+    def update(self, output: SchedulerOutput,
+               sampled_token_ids: Mapping[int, int | Seq[int]]) -> UpdateResult:
+        """Advances the sequences run by ``output`` and appends their sampled tokens.
+
+        Checks stop conditions (EOS unless ``ignore_eos``, ``stop_token_ids``, ``max_tokens``,
+        ``max_model_len``), frees finished sequences' blocks, and returns the new tokens and
+        the requests that finished.
+        """
+        if output is not self._last_output:
+            raise ValueError("update() must be given the output of the latest schedule()")
+        self._last_output = None
+        res = UpdateResult()
+        for entry in output.scheduled:
+            seq = self.seqs.get(entry.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted between schedule() and update()
+            seq.num_computed_tokens += len(entry.token_ids)
+            self.bm.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if not entry.sample:
+                continue
+            tokens = sampled_token_ids[entry.seq_id]
+            tokens = [int(tokens)] if isinstance(tokens, int) or not hasattr(tokens, "__len__") \
+                else [int(t) for t in tokens]
+            if len(tokens) != entry.num_samples:
+                raise ValueError(f"sequence {entry.seq_id} needs {entry.num_samples} sampled "
+                                 f"tokens, got {len(tokens)}")
+            for s, tok in zip(self._fork_samples(seq, len(tokens)), tokens):
+                self._append_token(s, tok, res)
+        return self._collect_finished(output, res)
+
+    # ---- sharing helpers for beam search -------------------------------------------------
+
+    def fork_sequence(self, seq_id: int) -> Sequence:
+        """New running sibling of a running, fully computed sequence, sharing its blocks."""
+        seq = self.seqs.get(seq_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING:
+            raise ValueError(f"sequence {seq_id} is not running")
+        child = Sequence(next(self._seq_ids), seq.request, len(seq.request.seqs),
+                         seq.output_token_ids)
+        child.num_computed_tokens = seq.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        self.bm.fork(seq.seq_id, child.seq_id)
+        seq.request.seqs.append(child)
+        self.seqs[child.seq_id] = child
+        self.running.insert(self.running.index(seq) + 1, child)
+        return child
+
+    def stats(self) -> dict[str, Any]:
+        s = self.bm.stats()
+        return {"num_waiting": len(self.waiting), "num_running": len(self.running),
+                "num_preemptions": self.num_preemptions, "kv_blocks_total": s.num_blocks,
+                "kv_blocks_used": s.num_used, "kv_blocks_free": s.num_free,
+                "kv_blocks_cached": s.num_cached, "prefix_cache_hit_rate": s.prefix_hit_rate}
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _validate(self, request_id, prompt_token_ids, params) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        p = len(prompt_token_ids)
+        if p == 0:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        if p > self.max_model_len:
+            raise ValueError(f"request {request_id!r}: prompt of {p} tokens is longer than "
+                             f"max_model_len={self.max_model_len}")
+        max_tokens, n = params.max_tokens, getattr(params, "n", 1)
+        if max_tokens is None:  # as in vLLM: until max_model_len
+            max_tokens = max(self.max_model_len - p, 1)
+        if max_tokens < 1 or n < 1:
+            raise ValueError(f"request {request_id!r}: max_tokens={max_tokens} and n={n} must be >= 1")
+        if n > self.max_num_seqs:
+            raise ValueError(f"request {request_id!r}: n={n} exceeds max_num_seqs={self.max_num_seqs}")
+        # The last token is sampled, never run, so a sequence needs (final length - 1) slots.
+        final_len = min(p + max_tokens, max(self.max_model_len, p + 1))
+        blocks = self.bm.blocks_for(final_len - 1)
+        if blocks > self.bm.num_blocks:
+            raise ValueError(f"request {request_id!r}: {p} prompt + up to {final_len - p} output "
+                             f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
+                             f"pool has only {self.bm.num_blocks}")
+
+    def _seats(self, seq: Sequence) -> int:
+        """Batch seats a sequence will take: an unforked n>1 request reserves all n."""
+        return 1 if seq.request.forked or seq.index else seq.request.n
+
+    def _append_or_preempt(self, seq: Sequence, n: int, preempted: list[int]):
+        """Slots for ``n`` tokens of ``seq``, preempting the newest running sequences if needed.
+
+        Returns the COW copies, or None if ``seq`` itself had to be preempted.
+        """
+        while True:
+            try:
+                return self.bm.append_slots(seq.seq_id, n)
+            except NoFreeBlocksError:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Allocates a waiting sequence with its prefix hits; returns tokens to run, or None."""
+        tokens = seq.token_ids
+        cached = self.bm.num_cached_tokens(tokens)
+        n = min(len(tokens) - cached, budget)
+        if n < len(tokens) - cached and not self.enable_chunked_prefill:
+            return None
+        if not self.bm.can_allocate(tokens, n):
+            return None
+        seq.num_computed_tokens = self.bm.allocate(seq.seq_id, tokens)
+        assert seq.num_computed_tokens == cached
+        return n
+
+    def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
+        start = seq.num_computed_tokens
+        sample = start + n == seq.num_tokens
+        num_samples = seq.request.n if sample and not seq.request.forked and seq.index == 0 else 1
+        table = self.bm.get_block_table(seq.seq_id)
+        bs = self.bm.block_size
+        slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_ids[start:start + n],
+                                 start, table, slots, sample, num_samples, seq.sampling_params)
+
+    def _fork_samples(self, seq: Sequence, num_samples: int) -> list[Sequence]:
+        if num_samples == 1:
+            return [seq]
+        seq.request.forked = True
+        return [seq] + [self.fork_sequence(seq.seq_id) for _ in range(num_samples - 1)]
+
+    def _append_token(self, seq: Sequence, token: int, res: UpdateResult) -> None:
+        seq.output_token_ids.append(token)
+        res.new_token_ids[seq.seq_id] = token
+        params = seq.sampling_params
+        # Same order as vLLM: a length cap wins over a stop token arriving at the same time.
+        max_tokens = params.max_tokens
+        if (max_tokens is not None and len(seq.output_token_ids) >= max_tokens) \
+                or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH_CAPPED)
+        elif (not getattr(params, "ignore_eos", False) and token == self.eos_token_id) \
+                or token in (getattr(params, "stop_token_ids", None) or ()):
+            seq.stop_reason = token
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.bm.free(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = status
+        self.seqs.pop(seq.seq_id, None)
+
+    def _collect_finished(self, output: SchedulerOutput, res: UpdateResult) -> UpdateResult:
+        seen = set()
+        for entry in output.scheduled:
+            req = self.requests.get(entry.request_id)
+            if req is not None and req.request_id not in seen and req.is_finished:
+                seen.add(req.request_id)
+                res.finished.append(req)
+                del self.requests[req.request_id]
+        return res
