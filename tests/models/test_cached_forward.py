@@ -1,0 +1,67 @@
+"""Cached forward through the paged pool equals the uncached full-sequence forward."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.cache.kv_pool import init_kv_pool
+from jaxserve.models import AttentionMetadata, forward, forward_full, get_preset, init_params
+
+BLOCK = 4
+
+
+def metadata(tables, starts, q_lens, decode_only=False):
+    """Packed-batch metadata for sequences whose new tokens start at ``starts`` (host-side numpy)."""
+    slots, cu = [], [0]
+    for table, start, n in zip(tables, starts, q_lens):
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + n)]
+        cu.append(cu[-1] + n)
+    return AttentionMetadata(slot_mapping=jnp.array(slots, jnp.int32), block_tables=jnp.array(tables, jnp.int32),
+                             context_lens=jnp.array(np.add(starts, q_lens), jnp.int32),
+                             cu_q_lens=jnp.array(cu, jnp.int32), decode_only=decode_only)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_chunked_prefill_then_decode_equals_full_forward(preset):
+    config = get_preset(preset)
+    params = init_params(config, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    lengths = [13, 7]
+    total = [n + 5 for n in lengths]  # 5 decode steps after the prompt
+    tokens = [rng.integers(0, config.vocab_size, t) for t in total]
+    tables = rng.permutation(16)[:10].reshape(2, 5).tolist()  # scattered pages
+    pool = init_kv_pool(config.num_layers, 16, BLOCK, config.num_kv_heads, config.head_dim)
+
+    got = [[], []]
+    # prefill in two chunks per sequence, both sequences packed in one batch
+    for lo, hi in [(0, 6), (6, None)]:
+        chunks = [t[lo:(hi or n)] for t, n in zip(tokens, lengths)]
+        meta = metadata(tables, [lo, lo], [len(c) for c in chunks])
+        toks = jnp.array(np.concatenate(chunks), jnp.int32)
+        pos = jnp.array(np.concatenate([np.arange(lo, lo + len(c)) for c in chunks]), jnp.int32)
+        logits, pool = forward(params, config, toks, pos, pool, meta)
+        for b, c in enumerate(np.split(np.asarray(logits), np.cumsum([len(c) for c in chunks])[:-1])):
+            got[b].append(c)
+    for step in range(5):
+        pos = [n + step for n in lengths]
+        meta = metadata(tables, pos, [1, 1], decode_only=True)
+        toks = jnp.array([t[p] for t, p in zip(tokens, pos)], jnp.int32)
+        logits, pool = forward(params, config, toks, jnp.array(pos, jnp.int32), pool, meta)
+        for b in range(2):
+            got[b].append(np.asarray(logits[b:b + 1]))
+
+    for b in range(2):
+        expected = np.asarray(forward_full(params, config, jnp.array(tokens[b])[None]))[0]
+        np.testing.assert_allclose(np.concatenate(got[b]), expected, atol=1e-5)
+
+
+def test_padding_tokens_do_not_touch_the_pool():
+    config = get_preset("tiny-llama")
+    params = init_params(config, jax.random.key(1))
+    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim)
+    meta = metadata([[2, 3]], [0], [3])
+    meta = meta.replace(slot_mapping=jnp.array([8, 9, 10, -1, -1], jnp.int32))
+    toks = jnp.array([5, 6, 7, 0, 0], jnp.int32)
+    _, pool = forward(params, config, toks, jnp.array([0, 1, 2, 0, 0], jnp.int32), pool, meta)
+    k = np.asarray(pool[0][0])
+    assert np.all(k[[0, 1, 3]] == 0) and np.all(k[2, 3] == 0) and np.all(k[2, :3] != 0)
