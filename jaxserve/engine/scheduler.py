@@ -35,7 +35,7 @@ from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError
 from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # read-only by convention; frozen=True costs ~3 us per entry per step
 class ScheduledSequence:
     """One sequence's work in a step. Positions are ``start_pos + arange(len(token_ids))``."""
     seq_id: int
@@ -152,8 +152,8 @@ class Scheduler:
             budget -= n
             i += 1
 
-        # Admitting new work right after a preemption would just thrash.
-        if not preempted:
+        # Admitting new work right after a preemption would just thrash (unless nothing runs).
+        if not preempted or not scheduled:
             reserved = sum(self._seats(s) for s in self.running)
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
@@ -185,25 +185,28 @@ class Scheduler:
         """
         if output is not self._last_output:
             raise ValueError("update() must be given the output of the latest schedule()")
+        samples = self._check_samples(output, sampled_token_ids)  # raises before any change
         self._last_output = None
-        res = UpdateResult()
+        res, bs = UpdateResult(), self.bm.block_size
+        done: dict[str, Request] = {}  # requests with a sequence that finished this step
         for entry in output.scheduled:
             seq = self.seqs.get(entry.seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule() and update()
             seq.num_computed_tokens += len(entry.token_ids)
-            self.bm.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if seq.num_computed_tokens // bs > entry.start_pos // bs:  # a block just filled up
+                self.bm.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if not entry.sample:
                 continue
-            tokens = sampled_token_ids[entry.seq_id]
-            tokens = [int(tokens)] if isinstance(tokens, int) or not hasattr(tokens, "__len__") \
-                else [int(t) for t in tokens]
-            if len(tokens) != entry.num_samples:
-                raise ValueError(f"sequence {entry.seq_id} needs {entry.num_samples} sampled "
-                                 f"tokens, got {len(tokens)}")
+            tokens = samples[entry.seq_id]
             for s, tok in zip(self._fork_samples(seq, len(tokens)), tokens):
-                self._append_token(s, tok, res)
-        return self._collect_finished(output, res)
+                if self._append_token(s, tok, res):
+                    done[s.request_id] = s.request
+        for req in done.values():
+            if req.is_finished and req.request_id in self.requests:
+                res.finished.append(req)
+                del self.requests[req.request_id]
+        return res
 
     # ---- sharing helpers for beam search -------------------------------------------------
 
@@ -231,6 +234,10 @@ class Scheduler:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def validate_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any) -> None:
+        """The checks of ``add_request`` without queuing anything (``ValueError`` if it can never run)."""
+        self._validate(request_id, prompt_token_ids, sampling_params)
+
     def _validate(self, request_id, prompt_token_ids, params) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -254,6 +261,22 @@ class Scheduler:
             raise ValueError(f"request {request_id!r}: {p} prompt + up to {final_len - p} output "
                              f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
                              f"pool has only {self.bm.num_blocks}")
+
+    @staticmethod
+    def _check_samples(output: SchedulerOutput, sampled) -> dict[int, list[int]]:
+        samples = {}
+        for e in output.scheduled:
+            if not e.sample:
+                continue
+            if e.seq_id not in sampled:
+                raise ValueError(f"no sampled token for sequence {e.seq_id}")
+            t = sampled[e.seq_id]
+            tokens = [int(x) for x in t] if hasattr(t, "__len__") else [int(t)]
+            if len(tokens) != e.num_samples:
+                raise ValueError(f"sequence {e.seq_id} needs {e.num_samples} sampled tokens, "
+                                 f"got {len(tokens)}")
+            samples[e.seq_id] = tokens
+        return samples
 
     def _seats(self, seq: Sequence) -> int:
         """Batch seats a sequence will take: an unforked n>1 request reserves all n."""
@@ -301,7 +324,7 @@ class Scheduler:
         table = self.bm.get_block_table(seq.seq_id)
         bs = self.bm.block_size
         slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-        return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_ids[start:start + n],
+        return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_slice(start, start + n),
                                  start, table, slots, sample, num_samples, seq.sampling_params)
 
     def _fork_samples(self, seq: Sequence, num_samples: int) -> list[Sequence]:
@@ -310,7 +333,8 @@ class Scheduler:
         seq.request.forked = True
         return [seq] + [self.fork_sequence(seq.seq_id) for _ in range(num_samples - 1)]
 
-    def _append_token(self, seq: Sequence, token: int, res: UpdateResult) -> None:
+    def _append_token(self, seq: Sequence, token: int, res: UpdateResult) -> bool:
+        """Appends a sampled token; returns whether that finished the sequence."""
         seq.output_token_ids.append(token)
         res.new_token_ids[seq.seq_id] = token
         params = seq.sampling_params
@@ -323,6 +347,9 @@ class Scheduler:
                 or token in (getattr(params, "stop_token_ids", None) or ()):
             seq.stop_reason = token
             self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+        else:
+            return False
+        return True
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         if seq.status is SequenceStatus.RUNNING:
@@ -333,12 +360,3 @@ class Scheduler:
         seq.status = status
         self.seqs.pop(seq.seq_id, None)
 
-    def _collect_finished(self, output: SchedulerOutput, res: UpdateResult) -> UpdateResult:
-        seen = set()
-        for entry in output.scheduled:
-            req = self.requests.get(entry.request_id)
-            if req is not None and req.request_id not in seen and req.is_finished:
-                seen.add(req.request_id)
-                res.finished.append(req)
-                del self.requests[req.request_id]
-        return res

@@ -68,6 +68,15 @@ class Sequence:
         """Prompt followed by outputs (a new list)."""
         return self.request.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """``token_ids[start:stop]`` without copying the whole stream (hot path: every step)."""
+        prompt, p = self.request.prompt_token_ids, len(self.request.prompt_token_ids)
+        if stop <= p:
+            return prompt[start:stop]
+        if start >= p:
+            return self.output_token_ids[start - p:stop - p]
+        return prompt[start:] + self.output_token_ids[:stop - p]
+
     @property
     def num_tokens(self) -> int:
         return len(self.request.prompt_token_ids) + len(self.output_token_ids)

@@ -1,10 +1,12 @@
 """Scheduler tests, driven by a fake device whose "model" reads its context through the pool."""
 import random
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from host_fakes import FakeDevice, Params, make_scheduler, next_token, run_to_completion
-from jaxserve.engine.sequence import SequenceStatus
+from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
 
 
 def random_workload(seed, num_requests=12, vocab=50, max_prompt=30, with_n=True):
@@ -196,9 +198,16 @@ def test_stop_conditions():
 def test_update_needs_the_latest_output_and_all_samples():
     sched = make_scheduler(num_blocks=8)
     sched.add_request("a", [1, 2], Params(n=2))
+    sched.add_request("b", [3], Params())
     out = sched.schedule()
+    a, b = (e.seq_id for e in out.scheduled)
     with pytest.raises(ValueError, match="needs 2 sampled tokens, got 1"):
-        sched.update(out, {out.scheduled[0].seq_id: 5})
+        sched.update(out, {a: 5, b: 6})
+    with pytest.raises(ValueError, match=f"no sampled token for sequence {b}"):
+        sched.update(out, {a: [5, 6]})
+    assert all(s.num_computed_tokens == 0 for s in sched.running)  # nothing changed
+    res = sched.update(out, {a: [5, 6], b: 7})  # the same output can still be applied
+    assert res.new_token_ids == {a: 5, b: 7, max(sched.seqs): 6}
     stale = sched.schedule()
     sched.schedule()
     with pytest.raises(ValueError, match="latest schedule"):
@@ -229,3 +238,14 @@ def test_without_chunked_prefill_prompts_run_whole():
     run_to_completion(sched, random_workload(4, with_n=False),
                       on_step=lambda out, res: sizes.extend(e.sample for e in out.scheduled))
     assert all(sizes)  # every scheduled entry ends its prompt (or is a decode)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(prompt=st.lists(st.integers(0, 9), min_size=1, max_size=8),
+       outputs=st.lists(st.integers(0, 9), max_size=8), data=st.data())
+def test_token_slice_matches_full_slice(prompt, outputs, data):
+    seq = Sequence(0, Request("r", prompt, Params()), 0, outputs)
+    n = len(prompt) + len(outputs)
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    assert seq.token_slice(start, stop) == (prompt + outputs)[start:stop]
