@@ -112,6 +112,11 @@ class Scheduler:
         self.waiting.append(seq)
         return req
 
+    def validate_request(self, request_id: str, prompt_token_ids: Seq[int],
+                         sampling_params: Any) -> None:
+        """The checks of ``add_request``, queuing nothing: ``ValueError`` if it can never run."""
+        self._validate(request_id, prompt_token_ids, sampling_params)
+
     def abort(self, request_id: str) -> Request:
         """Stops a request now and frees all its blocks; unknown (or finished) id: ValueError."""
         req = self.requests.get(request_id)
@@ -233,10 +238,6 @@ class Scheduler:
                 "kv_blocks_cached": s.num_cached, "prefix_cache_hit_rate": s.prefix_hit_rate}
 
     # ---- internals -----------------------------------------------------------------------
-
-    def validate_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any) -> None:
-        """The checks of ``add_request`` without queuing anything (``ValueError`` if it can never run)."""
-        self._validate(request_id, prompt_token_ids, sampling_params)
 
     def _validate(self, request_id, prompt_token_ids, params) -> None:
         if request_id in self.requests:
