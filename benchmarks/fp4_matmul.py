@@ -1,0 +1,101 @@
+"""Time the Pallas FP4 matmul (W4A16) against a bf16 jnp.dot and the XLA dequantize-then-dot path.
+
+    python benchmarks/fp4_matmul.py --out fp4_matmul.json [--fmt nvfp4] [--iters 20]
+
+GPU: M in {1, 16, 128}, K = N = 8192 (the issue's shapes). CPU: a small shape in Pallas
+interpret mode, which checks that the script runs but is NOT a speed measurement.
+Prints a table and writes the rows (times, bytes moved, achieved GB/s, speed-up vs bf16,
+fraction of the measured copy bandwidth) as JSON to --out.
+"""
+import argparse
+import datetime
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import fp4
+
+GPU_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]
+CPU_SHAPES = [(1, 256, 256), (16, 256, 256)]
+
+
+def time_fn(fn, *args, iters):
+    """Median wall time in seconds of fn(*args) after one warm-up (compile) call."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes, iters):
+    """Device copy bandwidth in bytes/s, counting bytes read plus written."""
+    a = jnp.zeros((nbytes // 4,), jnp.float32)
+    copy = jax.jit(lambda v: v + 1.0)
+    return 2 * nbytes / time_fn(copy, a, iters=iters)
+
+
+def bench_shape(m, k, n, fmt, iters, interpret, copy_bw):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = fp4.quantize(w, fmt, axis=0)
+    io_bytes = x.size * 2 + m * n * 2
+    candidates = {
+        "bf16_dot": (jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
+                     (x, w), w.size * 2 + io_bytes),
+        "xla_dequant_dot": (jax.jit(lambda a, q: fp4.fp4_matmul_reference(a, q)), (x, qw), qw.nbytes + io_bytes),
+    }
+    for precision in ("float32", "bfloat16"):
+        fn = jax.jit(lambda a, q, p=precision: fp4.fp4_matmul(a, q, interpret=interpret, precision=p))
+        candidates[f"pallas_fp4_{precision}"] = (fn, (x, qw), qw.nbytes + io_bytes)
+    rows = []
+    t_bf16 = None
+    for name, (fn, args, nbytes) in candidates.items():
+        t = time_fn(fn, *args, iters=iters)
+        t_bf16 = t if name == "bf16_dot" else t_bf16
+        rows.append({"impl": name, "fmt": fmt, "M": m, "K": k, "N": n, "time_us": t * 1e6,
+                     "bytes": nbytes, "GBps": nbytes / t / 1e9, "speedup_vs_bf16": t_bf16 / t,
+                     "frac_of_copy_bw": nbytes / t / copy_bw, "tflops": 2 * m * k * n / t / 1e12})
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the JSON results here")
+    parser.add_argument("--fmt", default="nvfp4", choices=["nvfp4", "mxfp4"])
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args(argv)
+    backend = jax.default_backend()
+    on_gpu = backend == "gpu"
+    interpret = not on_gpu
+    copy_bw = copy_bandwidth((1 << 30) if on_gpu else (1 << 24), args.iters)
+    rows = [r for s in (GPU_SHAPES if on_gpu else CPU_SHAPES)
+            for r in bench_shape(*s, args.fmt, args.iters, interpret, copy_bw)]
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "jax_version": jax.__version__, "backend": backend, "device": jax.devices()[0].device_kind,
+        "interpret": interpret, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": rows,
+        "note": ("Pallas interpret mode on CPU: correctness only, not a speed measure." if interpret
+                 else "compiled Pallas kernel; bytes = weights (+scales) + x + out."),
+    }
+    print(f"# {result['device']} ({backend}), jax {jax.__version__}, copy bw {copy_bw / 1e9:.1f} GB/s"
+          f"{' -- INTERPRET MODE, NOT A SPEED MEASURE' if interpret else ''}")
+    print(f"{'impl':22} {'M':>4} {'K':>6} {'N':>6} {'time_us':>10} {'GB/s':>8} {'x bf16':>7} {'%copy':>6}")
+    for r in rows:
+        print(f"{r['impl']:22} {r['M']:4d} {r['K']:6d} {r['N']:6d} {r['time_us']:10.1f} {r['GBps']:8.1f} "
+              f"{r['speedup_vs_bf16']:7.2f} {100 * r['frac_of_copy_bw']:6.1f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
