@@ -32,6 +32,16 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def pages_per_block(requested, page_size, max_pages, interpret, target_keys=128):
+    """Pages per compute block: default ``target_keys`` keys, never more pages than a table row
+    (rounded up to a power of two, which compiled Triton tiles need)."""
+    ppb = requested or max(1, target_keys // page_size)
+    ppb = max(1, min(ppb, next_power_of_2(max_pages)))
+    if not interpret and ppb & (ppb - 1):
+        raise ValueError(f"pages_per_compute_block must be a power of two when compiled, got {ppb}")
+    return ppb
+
+
 def _precision(dtype):
     # f32 inputs: full IEEE products (Triton would otherwise use TF32); bf16/f16 use the MMA as is.
     return lax.Precision.HIGHEST if dtype == jnp.float32 else None

@@ -56,10 +56,11 @@ def _decode_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
     lse_ref[...] = lse
 
 
-def _split_plan(num_seqs, kv_heads, max_pages, page_size, pages_per_compute_block, num_splits):
+def _split_plan(num_seqs, kv_heads, max_pages, page_size, pages_per_compute_block, num_splits,
+                interpret):
     """Static tiling of the key axis: (pages_per_block, blocks_per_split, num_splits)."""
-    ppb = pages_per_compute_block or max(1, _TARGET_BLOCK_K // page_size)
-    ppb = max(1, min(ppb, max_pages))
+    ppb = common.pages_per_block(pages_per_compute_block, page_size, max_pages, interpret,
+                                 _TARGET_BLOCK_K)
     num_blocks = pl.cdiv(max_pages, ppb)
     if num_splits is None:
         num_splits = pl.cdiv(_TARGET_PROGRAMS, num_seqs * kv_heads)
@@ -82,7 +83,8 @@ def _paged_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale, so
     num_pages, page_size, kv_heads, _ = k_pages.shape
     group = num_heads // kv_heads
     ppb, blocks_per_split, num_splits = _split_plan(
-        num_seqs, kv_heads, block_tables.shape[1], page_size, pages_per_compute_block, num_splits)
+        num_seqs, kv_heads, block_tables.shape[1], page_size, pages_per_compute_block, num_splits,
+        interpret)
     pages_per_split = blocks_per_split * ppb
 
     # Triton wants power-of-two tiles and dots with at least 16 rows: pad the head group there.

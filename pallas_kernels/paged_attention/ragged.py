@@ -94,8 +94,8 @@ def _ragged_paged_attention(q, k_pages, v_pages, block_tables, context_lens, cu_
     num_pages, page_size, kv_heads, _ = k_pages.shape
     num_seqs, max_pages = block_tables.shape
     group = num_heads // kv_heads
-    ppb = pages_per_compute_block or max(1, _TARGET_BLOCK_K // page_size)
-    ppb = max(1, min(ppb, max_pages))
+    ppb = common.pages_per_block(pages_per_compute_block, page_size, max_pages, interpret,
+                                 _TARGET_BLOCK_K)
     num_tiles = max(1, (num_tokens + num_seqs * (tile_q - 1)) // tile_q)
 
     # Triton wants power-of-two tiles and dots with at least 16 rows: pad the head group there.
