@@ -1,0 +1,144 @@
+"""The engine loop: scheduler (host) + runner (device) + sampling, one ``step()`` at a time.
+
+``LLMEngine`` is the level for experiments that drive arrivals themselves: ``add_request``,
+``step`` (returns the tokens produced this step, for streaming), ``abort``, ``stats``.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import numpy as np
+
+from jaxserve.cache.block_manager import BlockManager
+from jaxserve.cache.kv_pool import kv_pool_bytes_per_block
+from jaxserve.config import EngineConfig, ModelConfig
+from jaxserve.engine.outputs import CompletionOutput, RequestOutput
+from jaxserve.engine.runner import ModelRunner, SampleRow
+from jaxserve.engine.scheduler import Scheduler
+from jaxserve.engine.sequence import FINISH_REASONS, Request
+from jaxserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepToken:
+    """A token produced by a step (for streaming): sample ``index`` of request ``request_id``."""
+    request_id: str
+    index: int
+    token_id: int
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
+                 engine_config: EngineConfig = EngineConfig()):
+        ec = engine_config
+        self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
+        self.max_model_len = min(ec.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // kv_pool_bytes_per_block(
+            config.num_layers, ec.block_size, config.num_kv_heads, config.head_dim, config.dtype)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_bytes={ec.kv_cache_bytes} is smaller than one KV block")
+        eos = tokenizer.eos_token_id if tokenizer is not None and tokenizer.eos_token_id is not None \
+            else config.eos_token_id
+        self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
+                                   max_num_batched_tokens=ec.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len, eos_token_id=eos)
+        self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
+                                  max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
+                                  max_model_len=self.max_model_len, attention_impl=ec.attention_impl)
+        self._rng = np.random.default_rng(ec.seed)
+        self._ids = itertools.count()
+        self._seeds: dict[str, int] = {}
+        self._prompts: dict[str, str | None] = {}
+        self._logprobs: dict[tuple[str, int], list[float]] = defaultdict(list)
+        self.finished: dict[str, RequestOutput] = {}
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+    def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        """Queues a prompt; every user error raises ``ValueError`` before any state changes."""
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"expected SamplingParams, got {type(sampling_params).__name__}")
+        token_ids = self.tokenize(prompt)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        self.scheduler.add_request(request_id, token_ids, sampling_params)
+        seed = sampling_params.seed
+        self._seeds[request_id] = int(self._rng.integers(2**32)) if seed is None else seed
+        self._prompts[request_id] = prompt if isinstance(prompt, str) else None
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stops a request and frees its blocks; an unknown id is a ``ValueError``."""
+        return self._finish(self.scheduler.abort(request_id))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def step(self) -> list[StepToken]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            raise RuntimeError("the scheduler could not schedule any work: the KV pool is too small for "
+                               "the running requests")
+        rows = []
+        for i, e in enumerate(out.scheduled):
+            if e.sample:
+                sp, seed = e.sampling_params, self._seeds[e.request_id]
+                rows += [SampleRow(i, e.index + j, sp.temperature, sp.top_k, sp.top_p, seed, e.context_len)
+                         for j in range(e.num_samples)]
+        toks, logprobs = self.runner.execute(out, rows)
+        sampled, k = {}, 0
+        for e in out.scheduled:
+            if e.sample:
+                drawn = [int(t) for t in toks[k:k + e.num_samples]]
+                for j, lp in enumerate(logprobs[k:k + e.num_samples]):
+                    self._logprobs[(e.request_id, e.index + j)].append(float(lp))
+                sampled[e.seq_id] = drawn if e.num_samples > 1 else drawn[0]
+                k += e.num_samples
+        res = self.scheduler.update(out, sampled)
+        finished = {r.request_id for r in res.finished}
+        for req in res.finished:
+            self._finish(req)
+        produced = []
+        for e in out.scheduled:
+            if e.sample:
+                for j in range(e.num_samples):
+                    token = sampled[e.seq_id][j] if e.num_samples > 1 else sampled[e.seq_id]
+                    produced.append(StepToken(e.request_id, e.index + j, token, e.request_id in finished))
+        return produced
+
+    def _finish(self, req: Request) -> RequestOutput:
+        rid = req.request_id
+        outputs = []
+        for seq in sorted(req.seqs, key=lambda s: s.index):
+            lps = self._logprobs.pop((rid, seq.index), [])[: len(seq.output_token_ids)]
+            text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else ""
+            wants = seq.sampling_params.logprobs
+            outputs.append(CompletionOutput(seq.index, text, list(seq.output_token_ids),
+                                            FINISH_REASONS.get(seq.status), seq.stop_reason,
+                                            lps if wants else None, float(np.sum(lps)) if wants else None))
+        result = RequestOutput(rid, self._prompts.pop(rid, None), list(req.prompt_token_ids), outputs, True)
+        self._seeds.pop(rid, None)
+        self.finished[rid] = result
+        return result
+
+    def stats(self) -> dict:
+        return {**self.scheduler.stats(), "compilations": self.runner.num_compilations,
+                "buckets": self.runner.num_buckets}

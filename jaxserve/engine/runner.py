@@ -1,0 +1,141 @@
+"""The jit boundary: a scheduled batch -> padded device arrays -> one jitted step -> tokens.
+
+Axis names: T packed tokens, B sequences, M pages per sequence, R sample rows.
+
+Two program families, each over a small set of shape buckets:
+- decode: every sequence runs one token; shapes (B, M) with T = B;
+- mixed (prefill, chunked prefill, decode together): shapes (T, M) with B = max_num_seqs.
+The KV pool is donated to every call, so each layer's pages are updated in place.
+``num_compilations`` counts traces of the jitted functions (each trace is one compile).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
+from jaxserve.config import ModelConfig
+from jaxserve.engine.buckets import bucket, powers_of_two
+from jaxserve.engine.scheduler import SchedulerOutput
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.transformer import forward
+from jaxserve.sampling import SamplingBatch, sample
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One token to draw: from the logits of scheduled entry ``entry``; sample number ``index``."""
+    entry: int
+    index: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    position: int
+
+
+class ModelRunner:
+    def __init__(self, config: ModelConfig, params: dict, *, num_blocks: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 attention_impl: str = "auto"):
+        self.config, self.params = config, params
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.seq_buckets = powers_of_two(1, max_num_seqs)
+        self.token_buckets = powers_of_two(16, max_num_batched_tokens)
+        self.page_buckets = powers_of_two(1, -(-max_model_len // block_size))
+        self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
+                                         config.head_dim, jnp.dtype(config.dtype))
+        self.attention_impl = attention_impl
+        self.num_compilations = 0
+        self._step = jax.jit(self._step_fn, static_argnames=("decode_only",), donate_argnames=("kv_pool",))
+        self._copy = jax.jit(self._copy_fn, donate_argnames=("kv_pool",))
+
+    @property
+    def num_buckets(self) -> int:
+        """Upper bound on distinct step programs (plus copy programs)."""
+        pages = len(self.page_buckets)
+        return pages * (len(self.seq_buckets) + len(self.token_buckets)) + len(self.seq_buckets)
+
+    def _step_fn(self, params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch,
+                 decode_only):
+        self.num_compilations += 1  # runs only while tracing
+        del decode_only  # carried statically in meta
+        logits, kv_pool = forward(params, self.config, tokens, positions, kv_pool, meta,
+                                  attention_impl=self.attention_impl, logits_indices=logits_indices)
+        toks, logprobs = sample(logits[sample_entry], sbatch)
+        return toks, logprobs, kv_pool
+
+    def _copy_fn(self, kv_pool, src, dst):
+        self.num_compilations += 1
+        return copy_blocks(kv_pool, src, dst)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        n = bucket(len(copies), powers_of_two(1, max(len(copies), self.max_num_seqs)))
+        src = np.zeros(n, np.int32)
+        dst = np.full(n, -1, np.int32)
+        src[: len(copies)], dst[: len(copies)] = zip(*copies)
+        self.pool = self._copy(self.pool, jnp.asarray(src), jnp.asarray(dst))
+
+    def execute(self, out: SchedulerOutput, rows: list[SampleRow]) -> tuple[np.ndarray, np.ndarray]:
+        """Runs one scheduled step; returns (tokens i32[len(rows)], logprobs f32[len(rows)])."""
+        self.copy_blocks(out.copies)
+        entries = out.scheduled
+        decode_only = all(len(e.token_ids) == 1 for e in entries)
+        num_pages = bucket(max(len(e.block_table) for e in entries), self.page_buckets)
+        if decode_only:
+            num_seqs = bucket(len(entries), self.seq_buckets)
+            num_tokens = num_seqs
+        else:
+            num_seqs = self.max_num_seqs
+            num_tokens = bucket(out.num_batched_tokens, self.token_buckets)
+        arrays = _pack(entries, num_tokens, num_seqs, num_pages)
+        meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
+                                 context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
+        num_rows = bucket(len(rows), powers_of_two(1, max(len(rows), num_seqs)))
+        sbatch, sample_entry = _sampling_arrays(rows, num_rows)
+        toks, logprobs, self.pool = self._step(self.params, self.pool, arrays["tokens"], arrays["positions"],
+                                               meta, arrays["last"], sample_entry, sbatch, decode_only=decode_only)
+        toks, logprobs = jax.device_get((toks, logprobs))
+        return toks[: len(rows)], logprobs[: len(rows)]
+
+
+def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, jax.Array]:
+    tokens = np.zeros(num_tokens, np.int32)
+    positions = np.zeros(num_tokens, np.int32)
+    slots = np.full(num_tokens, -1, np.int32)
+    tables = np.zeros((num_seqs, num_pages), np.int32)
+    context = np.zeros(num_seqs, np.int32)
+    cu = np.zeros(num_seqs + 1, np.int32)
+    last = np.zeros(num_seqs, np.int32)
+    t = 0
+    for b, e in enumerate(entries):
+        n = len(e.token_ids)
+        tokens[t:t + n] = e.token_ids
+        positions[t:t + n] = np.arange(e.start_pos, e.start_pos + n)
+        slots[t:t + n] = e.slot_mapping
+        tables[b, : len(e.block_table)] = e.block_table
+        context[b] = e.start_pos + n
+        t += n
+        cu[b + 1] = t
+        last[b] = t - 1
+    cu[len(entries) + 1:] = t
+    return {k: jnp.asarray(v) for k, v in dict(tokens=tokens, positions=positions, slots=slots, tables=tables,
+                                                 context=context, cu=cu, last=last).items()}
+
+
+def _sampling_arrays(rows: list[SampleRow], num_rows: int) -> tuple[SamplingBatch, jax.Array]:
+    def col(name, dtype, fill):
+        a = np.full(num_rows, fill, dtype)
+        a[: len(rows)] = [getattr(r, name) for r in rows]
+        return jnp.asarray(a)
+
+    sbatch = SamplingBatch(temperature=col("temperature", np.float32, 0.0), top_k=col("top_k", np.int32, 0),
+                           top_p=col("top_p", np.float32, 1.0), seed=col("seed", np.uint32, 0),
+                           index=col("index", np.int32, 0), position=col("position", np.int32, 0))
+    return sbatch, col("entry", np.int32, 0)
