@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One-call GPU check (shared/GPU.md): device and JAX info, compiled-kernel tests (pytest -m gpu),
+# the benchmark scripts, JSON under $OUT, a short table last. Installs nothing.
+#
+#   OUT=/some/dir bash benchmarks/gpu_check.sh
+#
+# Every step runs under `timeout`; the whole script stays within TOTAL_S seconds (default 540,
+# under the device tool's 600 s per call), so one hang cannot eat the session's device time.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+TOTAL_S=${TOTAL_S:-540}
+START=$(date +%s)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+STATUS="$OUT/steps.tsv"
+: > "$STATUS"
+
+# step NAME LIMIT_S CMD...: run CMD with a timeout of min(LIMIT_S, time left), log to $OUT/NAME.log.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( TOTAL_S - ($(date +%s) - START) ))
+  (( limit > left )) && limit=$left
+  if (( limit < 10 )); then
+    echo "== $name: skipped, out of time"; printf '%s\tskipped\t0\n' "$name" >> "$STATUS"; return
+  fi
+  echo "== $name (timeout ${limit}s): $*"
+  local t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" >> "$STATUS"
+  echo "== $name: rc=$rc"
+}
+
+step nvidia_smi 30 nvidia-smi
+step jax_info 120 python -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__); print(jax.devices())"
+step pytest_gpu 240 python -m pytest -m gpu tests/ -q -rfEs -p no:cacheprovider \
+  --junitxml="$OUT/pytest_gpu.xml"
+step bench_paged_attention 180 python benchmarks/paged_attention.py --out "$OUT/paged_attention.json"
+if [[ -f benchmarks/fp4_matmul.py ]]; then
+  step bench_fp4_matmul 120 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
+fi
+
+python - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print("\n==== summary ====")
+for line in (out / "steps.tsv").read_text().splitlines():
+    name, rc, secs = line.split("\t")
+    print(f"{name:24} rc={rc:>7}  {secs:>4}s")
+junit = out / "pytest_gpu.xml"
+if junit.exists():
+    import xml.etree.ElementTree as ET
+    s = ET.parse(junit).getroot()
+    s = s if s.tag == "testsuite" else s[0]
+    print(f"pytest -m gpu: {s.get('tests')} tests, {s.get('failures')} failed, "
+          f"{s.get('errors')} errors, {s.get('skipped')} skipped")
+pa = out / "paged_attention.json"
+if pa.exists():
+    data = json.loads(pa.read_text())
+    m = data["meta"]
+    print(f"paged attention ({m['device']}, jax {m['jax']}, {m['dtype']}, copy {m['copy_bw_gb_per_s']:.0f} GB/s):")
+    print(f"{'B':>4} {'ctx':>6} {'H/K':>6} {'D':>4} {'S':>4} {'impl':>11} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'x contig':>8}")
+    for r in data["rows"]:
+        print(f"{r['batch']:>4} {r['context']:>6} {r['heads']:>3}/{r['kv_heads']:<2} {r['head_dim']:>4} "
+              f"{r['block_size']:>4} {r['impl']:>11} {r['time_ms']:>8.3f} {r['gb_per_s']:>7.1f} "
+              f"{r['pct_copy_bw']:>6.1f} {r.get('vs_contiguous', float('nan')):>8.2f}")
+fp4 = out / "fp4.json"
+if fp4.exists():
+    data = json.loads(fp4.read_text())
+    print(f"fp4 matmul ({data.get('device')}, copy {data.get('copy_bandwidth_GBps', 0):.0f} GB/s):")
+    keys = ["impl", "M", "K", "N", "time_us", "GBps", "speedup_vs_bf16", "frac_of_copy_bw"]
+    for r in data.get("rows", []):
+        shown = [k for k in keys if k in r] or list(r)
+        print("  " + "  ".join(f"{k}={r[k]:.4g}" if isinstance(r[k], float) else f"{k}={r[k]}"
+                               for k in shown))
+EOF
