@@ -35,8 +35,9 @@ from pallas_kernels.fp4.scale_codecs import decode_e4m3_bytes, decode_e8m0, e4m3
 KERNEL_FORMATS = ("nvfp4", "mxfp4")
 PRECISIONS = ("float32", "bfloat16")
 _X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-# (largest M, (bm, bn, bk)); small M is weight-bandwidth bound: few rows, long K slices.
-_BLOCK_TABLE = ((16, (16, 128, 256)), (64, (64, 128, 128)), (None, (128, 128, 128)))
+# (largest M, (bm, bn, bk)). Small M is weight-bandwidth bound: few rows, long K slices, and
+# narrow N tiles so that K = N = 8192 still gives 128 programs (an H200 has 132 SMs).
+_BLOCK_TABLE = ((16, (16, 64, 256)), (64, (64, 128, 128)), (None, (128, 128, 128)))
 
 
 def _next_pow2(n):
@@ -184,9 +185,14 @@ def fp4_matmul_reference(x, w: QuantizedTensor, *, w4a4=False, out_dtype=None):
 
     With w4a4, x is first round-tripped through quantize(x, w.fmt, axis=-1).
     """
-    xf = jnp.asarray(x).astype(jnp.float32)
+    x = jnp.asarray(x)
+    return _reference(x, w, w4a4=w4a4, out_dtype=jnp.dtype(out_dtype or x.dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("w4a4", "out_dtype"))
+def _reference(x, w, *, w4a4, out_dtype):
+    xf = x.astype(jnp.float32)
     if w4a4:
         opts = {"scale_rule": w.scale_rule} if w.fmt == "mxfp4" else {}
         xf = dequantize(quantize(xf, w.fmt, axis=-1, **opts))
-    out = jnp.dot(xf, dequantize(w), precision=jax.lax.Precision.HIGHEST)
-    return out.astype(out_dtype or jnp.asarray(x).dtype)
+    return jnp.dot(xf, dequantize(w), precision=jax.lax.Precision.HIGHEST).astype(out_dtype)
