@@ -35,12 +35,17 @@ step() {
 
 step nvidia_smi 30 nvidia-smi
 step jax_info 120 python -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__); print(jax.devices())"
+MOSAIC_TESTS=tests/paged_attention/test_mosaic_kernel.py
 step pytest_gpu 240 python -m pytest -m gpu tests/ -q -rfEs -p no:cacheprovider \
-  --junitxml="$OUT/pytest_gpu.xml"
-step bench_paged_attention 180 python benchmarks/paged_attention.py --out "$OUT/paged_attention.json"
+  --ignore="$MOSAIC_TESTS" --junitxml="$OUT/pytest_gpu.xml"
+step bench_paged_attention 150 python benchmarks/paged_attention.py --out "$OUT/paged_attention.json"
 if [[ -f benchmarks/fp4_matmul.py ]]; then
-  step bench_fp4_matmul 120 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
+  step bench_fp4_matmul 100 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
 fi
+# The Mosaic GPU kernel has never run on hardware: its own steps, last, so a crash costs nothing else.
+step pytest_gpu_mosaic 90 python -m pytest -m gpu "$MOSAIC_TESTS" -q -rfEs -p no:cacheprovider
+step bench_mosaic 90 python benchmarks/paged_attention.py --impls mosaic,pallas,contiguous --limit 4 \
+  --out "$OUT/paged_attention_mosaic.json"
 
 python - "$OUT" <<'EOF'
 import json, pathlib, sys
@@ -56,11 +61,11 @@ if junit.exists():
     s = s if s.tag == "testsuite" else s[0]
     print(f"pytest -m gpu: {s.get('tests')} tests, {s.get('failures')} failed, "
           f"{s.get('errors')} errors, {s.get('skipped')} skipped")
-pa = out / "paged_attention.json"
-if pa.exists():
+for pa in (out / "paged_attention.json", out / "paged_attention_mosaic.json"):
+  if pa.exists():
     data = json.loads(pa.read_text())
     m = data["meta"]
-    print(f"paged attention ({m['device']}, jax {m['jax']}, {m['dtype']}, copy {m['copy_bw_gb_per_s']:.0f} GB/s):")
+    print(f"{pa.name} ({m['device']}, jax {m['jax']}, {m['dtype']}, copy {m['copy_bw_gb_per_s']:.0f} GB/s):")
     print(f"{'B':>4} {'ctx':>6} {'H/K':>6} {'D':>4} {'S':>4} {'impl':>11} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'x contig':>8}")
     for r in data["rows"]:
         print(f"{r['batch']:>4} {r['context']:>6} {r['heads']:>3}/{r['kv_heads']:<2} {r['head_dim']:>4} "

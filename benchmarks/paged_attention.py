@@ -2,12 +2,13 @@
 attention over a contiguous (non-paged) cache of the same lengths.
 
     python benchmarks/paged_attention.py --out paged_attention.json [--grid small|gpu]
-        [--impls pallas,reference,contiguous] [--dtype bfloat16] [--iters 20]
+        [--impls pallas,reference,contiguous[,mosaic]] [--dtype bfloat16] [--iters 20]
 
 Bandwidth = bytes of K/V the sequences hold (B * context * Hkv * D * 2 * itemsize) / time, and
 as a fraction of the device's measured copy bandwidth (bytes read + written / time of a copy).
 On CPU the default is a small grid with the reference and the contiguous path only: the Pallas
 kernel runs there in interpret mode, which is a correctness tool, not a speed measurement.
+"mosaic" (GPU only, opt-in) times the experimental, hardware-unverified Mosaic GPU kernel.
 """
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
+from pallas_kernels.paged_attention import (
+    paged_attention,
+    paged_attention_mosaic,
+    paged_attention_reference,
+)
 
 # (batch, context, q heads, kv heads, head dim, block size)
 GRIDS = {
@@ -108,6 +113,7 @@ def bench_config(cfg, impls, dtype, iters, copy_bw, interpret):
     runs = {
         "pallas": (jax.jit(lambda *a: paged_attention(*a, interpret=interpret)), paged),
         "reference": (jax.jit(paged_attention_reference), paged),
+        "mosaic": (jax.jit(paged_attention_mosaic), paged),
         "contiguous": (jax.jit(contiguous_attention), (x["q"], x["k"], x["v"], x["lengths"])),
     }
     rows = []
@@ -144,6 +150,7 @@ def main(argv=None):
                         else "reference,contiguous")
     parser.add_argument("--dtype", default="bfloat16" if on_gpu else "float32")
     parser.add_argument("--iters", type=int, default=20 if on_gpu else 5)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N grid entries")
     parser.add_argument("--copy-mib", type=int, default=1024 if on_gpu else 256)
     args = parser.parse_args(argv)
     impls = args.impls.split(",")
@@ -156,7 +163,7 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.default_backend()}); "
           f"copy bandwidth {copy_bw / 1e9:.1f} GB/s (read + written)")
     rows = []
-    for cfg in GRIDS[args.grid]:
+    for cfg in GRIDS[args.grid][:args.limit]:
         rows += bench_config(cfg, impls, jnp.dtype(args.dtype), args.iters, copy_bw, interpret)
     print_table(rows)
     if args.out:

@@ -1,5 +1,6 @@
 """Paged attention: decode and ragged multi-query Pallas kernels, with plain-jnp references."""
 from pallas_kernels.paged_attention.decode import paged_attention
+from pallas_kernels.paged_attention.mosaic import paged_attention_mosaic  # experimental, see mosaic.py
 from pallas_kernels.paged_attention.ragged import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import (
     paged_attention_reference,
@@ -8,6 +9,7 @@ from pallas_kernels.paged_attention.reference import (
 
 __all__ = [
     "paged_attention",
+    "paged_attention_mosaic",
     "paged_attention_reference",
     "ragged_paged_attention",
     "ragged_paged_attention_reference",
