@@ -19,7 +19,7 @@ import numpy as np
 
 from pallas_kernels import fp4
 
-GPU_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]
+GPU_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]  # (M, K, N); one K and N per list
 CPU_SHAPES = [(1, 256, 256), (16, 256, 256)]
 
 
@@ -41,11 +41,15 @@ def copy_bandwidth(nbytes, iters):
     return 2 * nbytes / time_fn(copy, a, iters=iters)
 
 
-def bench_shape(m, k, n, fmt, iters, interpret, copy_bw):
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
-    qw = fp4.quantize(w, fmt, axis=0)
+def make_weight(k, n, fmt):
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+    return w, fp4.quantize(w, fmt, axis=0)
+
+
+def bench_shape(m, w, qw, iters, interpret, copy_bw):
+    """Rows for one M; an implementation that fails (e.g. a kernel that does not compile) gets an error row."""
+    k, n = w.shape
+    x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), jnp.bfloat16)
     io_bytes = x.size * 2 + m * n * 2
     candidates = {
         "bf16_dot": (jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)),
@@ -55,13 +59,17 @@ def bench_shape(m, k, n, fmt, iters, interpret, copy_bw):
     for precision in ("float32", "bfloat16"):
         fn = jax.jit(lambda a, q, p=precision: fp4.fp4_matmul(a, q, interpret=interpret, precision=p))
         candidates[f"pallas_fp4_{precision}"] = (fn, (x, qw), qw.nbytes + io_bytes)
-    rows = []
-    t_bf16 = None
+    rows, t_bf16 = [], None
     for name, (fn, args, nbytes) in candidates.items():
-        t = time_fn(fn, *args, iters=iters)
+        row = {"impl": name, "fmt": qw.fmt, "M": m, "K": k, "N": n, "bytes": nbytes}
+        try:
+            t = time_fn(fn, *args, iters=iters)
+        except Exception as e:  # noqa: BLE001 -- report and go on to the next implementation
+            rows.append({**row, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+            continue
         t_bf16 = t if name == "bf16_dot" else t_bf16
-        rows.append({"impl": name, "fmt": fmt, "M": m, "K": k, "N": n, "time_us": t * 1e6,
-                     "bytes": nbytes, "GBps": nbytes / t / 1e9, "speedup_vs_bf16": t_bf16 / t,
+        rows.append({**row, "time_us": t * 1e6, "GBps": nbytes / t / 1e9,
+                     "speedup_vs_bf16": (t_bf16 / t) if t_bf16 else float("nan"),
                      "frac_of_copy_bw": nbytes / t / copy_bw, "tflops": 2 * m * k * n / t / 1e12})
     return rows
 
@@ -76,8 +84,9 @@ def main(argv=None):
     on_gpu = backend == "gpu"
     interpret = not on_gpu
     copy_bw = copy_bandwidth((1 << 30) if on_gpu else (1 << 24), args.iters)
-    rows = [r for s in (GPU_SHAPES if on_gpu else CPU_SHAPES)
-            for r in bench_shape(*s, args.fmt, args.iters, interpret, copy_bw)]
+    shapes = GPU_SHAPES if on_gpu else CPU_SHAPES
+    w, qw = make_weight(shapes[0][1], shapes[0][2], args.fmt)  # all shapes share K and N
+    rows = [r for m, _, _ in shapes for r in bench_shape(m, w, qw, args.iters, interpret, copy_bw)]
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "jax_version": jax.__version__, "backend": backend, "device": jax.devices()[0].device_kind,
@@ -89,8 +98,11 @@ def main(argv=None):
           f"{' -- INTERPRET MODE, NOT A SPEED MEASURE' if interpret else ''}")
     print(f"{'impl':22} {'M':>4} {'K':>6} {'N':>6} {'time_us':>10} {'GB/s':>8} {'x bf16':>7} {'%copy':>6}")
     for r in rows:
-        print(f"{r['impl']:22} {r['M']:4d} {r['K']:6d} {r['N']:6d} {r['time_us']:10.1f} {r['GBps']:8.1f} "
-              f"{r['speedup_vs_bf16']:7.2f} {100 * r['frac_of_copy_bw']:6.1f}")
+        head = f"{r['impl']:22} {r['M']:4d} {r['K']:6d} {r['N']:6d}"
+        if "error" in r:
+            print(f"{head} FAILED {r['error'][:200]}")
+            continue
+        print(f"{head} {r['time_us']:10.1f} {r['GBps']:8.1f} {r['speedup_vs_bf16']:7.2f} {100 * r['frac_of_copy_bw']:6.1f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
