@@ -1,7 +1,7 @@
 """Frozen configuration dataclasses and dotted command-line overrides.
 
-``ModelConfig`` describes a decoder-only transformer (Llama / Qwen2 / Qwen3 family, optionally
-MoE later); ``EngineConfig`` the serving engine. Overrides such as ``model.num_layers=4
+``ModelConfig`` describes a decoder-only transformer (Llama / Qwen2 / Qwen3 family, and their
+Mixture-of-Experts variants: Mixtral, Qwen3-MoE, DeepSeek-style routing); ``EngineConfig`` the serving engine. Overrides such as ``model.num_layers=4
 engine.block_size=32`` are parsed and type-checked by OmegaConf against these dataclasses.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 ATTENTION_IMPLS = ("auto", "pallas", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
+ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -41,6 +42,19 @@ class ModelConfig:
     dtype: str = "float32"  # activations and params
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Mixture-of-Experts (jaxserve/moe). num_experts=0: every layer is the dense SwiGLU MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 2  # top-k
+    moe_intermediate_size: int = 0  # per-expert SwiGLU width; 0: intermediate_size
+    num_shared_experts: int = 0  # always-on experts of moe_intermediate_size each (DeepSeek, Qwen-style)
+    router: str = "mixtral"  # mixtral | qwen3_moe | deepseek_v3
+    norm_topk_prob: bool = True  # renormalise the chosen gates to sum to 1 (qwen3_moe, deepseek_v3)
+    routed_scaling_factor: float = 1.0  # deepseek_v3: gates times this
+    n_group: int = 1  # deepseek_v3 group-limited routing: experts in n_group groups,
+    topk_group: int = 1  # tokens choose among the topk_group best groups
+    first_k_dense: int = 0  # layers [0, first_k_dense) stay dense
+    moe_layer_freq: int = 1  # layer i >= first_k_dense is MoE when (i + 1) % moe_layer_freq == 0
+    moe_capacity_factor: float = 0.0  # 0: dropless grouped matmul; > 0: Switch-style capacity, drops
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -51,6 +65,37 @@ class ModelConfig:
         _require(self.head_dim % 2 == 0, f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         _require(self.dtype in DTYPES, f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _require(self.rope_theta > 0, f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.num_experts:
+            self._validate_moe()
+
+    def _validate_moe(self):
+        e, k = self.num_experts, self.num_experts_per_tok
+        _require(e > 0, f"ModelConfig.num_experts must be >= 0, got {e}")
+        _require(1 <= k <= e, f"ModelConfig.num_experts_per_tok={k} must be in [1, num_experts={e}]")
+        _require(self.router in ROUTERS, f"ModelConfig.router must be one of {ROUTERS}, got {self.router!r}")
+        for name in ("moe_intermediate_size", "num_shared_experts", "first_k_dense", "moe_capacity_factor"):
+            _require(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0, got {getattr(self, name)}")
+        _require(self.moe_layer_freq >= 1, f"ModelConfig.moe_layer_freq must be >= 1, got {self.moe_layer_freq}")
+        _require(self.routed_scaling_factor > 0,
+                 f"ModelConfig.routed_scaling_factor must be > 0, got {self.routed_scaling_factor}")
+        g, tg = self.n_group, self.topk_group
+        _require(g >= 1 and e % g == 0, f"ModelConfig.n_group={g} must be >= 1 and divide num_experts={e}")
+        _require(1 <= tg <= g, f"ModelConfig.topk_group={tg} must be in [1, n_group={g}]")
+        if g > 1:
+            _require(self.router == "deepseek_v3", f"ModelConfig.n_group={g} needs router='deepseek_v3'")
+            _require(e // g >= 2, f"ModelConfig: group-limited routing needs >= 2 experts per group, "
+                                  f"got num_experts={e}, n_group={g}")
+            _require(k <= tg * (e // g), f"ModelConfig.num_experts_per_tok={k} exceeds the experts in "
+                                         f"topk_group={tg} groups of {e // g}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) uses the MoE block instead of the dense MLP."""
+        return (self.num_experts > 0 and layer >= self.first_k_dense
+                and (layer + 1) % self.moe_layer_freq == 0)
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
 
     @property
     def q_per_kv(self) -> int:

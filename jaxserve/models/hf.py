@@ -1,8 +1,9 @@
 """Hugging Face import: a local directory (config.json + *.safetensors) -> (ModelConfig, params).
 
 Only local paths are read; nothing here touches the network. Supported ``model_type``s: llama,
-qwen2, qwen3. Every HF tensor is mapped by name onto the params pytree built from the config, so
-a missing tensor, an unexpected one or a shape mismatch is an error that names the tensor.
+qwen2, qwen3, and the MoE families mixtral and qwen3_moe (per-expert HF tensors are stacked into
+the ``[E, ...]`` expert weights). Every HF tensor is mapped by name onto the params pytree built
+from the config, so a missing tensor, an unexpected one or a shape mismatch is an error that names the tensor.
 """
 from __future__ import annotations
 
@@ -18,13 +19,18 @@ from safetensors import safe_open
 from jaxserve.config import ModelConfig
 from jaxserve.models.transformer import param_shapes
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+_MOE_BLOCK = {"mixtral": "block_sparse_moe"}  # HF module holding the MoE layer's tensors; default "mlp"
+_EXPERT_LEAF = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}}
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
     """Maps an HF config.json dict onto ModelConfig; unsupported features are errors."""
     model_type = hf.get("model_type")
+    if model_type == "deepseek_v3":
+        raise ValueError("model_type 'deepseek_v3': multi-head latent attention (MLA) not supported yet; "
+                         "its router is available in jaxserve configs as router='deepseek_v3'")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -51,15 +57,35 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=True if model_type == "qwen2" else bias,
         o_bias=False if model_type == "qwen2" else bias,
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         dtype=dtype,
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        **_moe_fields(model_type, hf),
     )
 
 
-def hf_tensor_name(path: tuple[str, ...]) -> tuple[str, bool]:
-    """Params path -> (HF tensor name, whether the HF tensor is the transposed kernel)."""
+def _moe_fields(model_type: str, hf: dict) -> dict:
+    if model_type == "mixtral":
+        if hf.get("sliding_window"):
+            raise ValueError(f"unsupported: sliding_window={hf['sliding_window']} in config.json")
+        return dict(num_experts=hf["num_local_experts"], num_experts_per_tok=hf["num_experts_per_tok"],
+                    moe_intermediate_size=hf["intermediate_size"], router="mixtral")
+    if model_type == "qwen3_moe":
+        if hf.get("mlp_only_layers"):
+            raise ValueError(f"unsupported: mlp_only_layers={hf['mlp_only_layers']} in config.json")
+        return dict(num_experts=hf.get("num_experts") or hf["num_local_experts"],
+                    num_experts_per_tok=hf["num_experts_per_tok"], moe_intermediate_size=hf["moe_intermediate_size"],
+                    router="qwen3_moe", norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                    moe_layer_freq=hf.get("decoder_sparse_step", 1))
+    return {}
+
+
+def hf_tensor_name(path: tuple[str, ...], model_type: str = "llama") -> tuple[str, bool]:
+    """Params path -> (HF tensor name, whether the HF tensor is the transposed kernel).
+
+    Stacked expert weights ``[E, ...]`` map to a name with an ``{e}`` placeholder for the expert.
+    """
     if path == ("embed", "embedding"):
         return "model.embed_tokens.weight", False
     if path == ("final_norm", "scale"):
@@ -71,6 +97,13 @@ def hf_tensor_name(path: tuple[str, ...]) -> tuple[str, bool]:
     if path[1] in ("input_norm", "post_attention_norm"):
         name = {"input_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"}[path[1]]
         return f"{prefix}.{name}.weight", False
+    if path[1] == "mlp" and len(path) == 3:  # MoE block: router and stacked experts
+        block = f"{prefix}.{_MOE_BLOCK.get(model_type, 'mlp')}"
+        if path[2] == "router":
+            return f"{block}.gate.weight", True
+        return f"{block}.experts.{{e}}.{_EXPERT_LEAF.get(model_type, {}).get(path[2], path[2])}.weight", True
+    if path[1] == "mlp" and path[2] == "shared_experts":
+        return f"{prefix}.mlp.shared_experts.{path[3]}.weight", True
     block = {"attn": "self_attn", "mlp": "mlp"}[path[1]]
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[path[3]]
     return f"{prefix}.{block}.{path[2]}.{leaf}", path[3] == "kernel"
@@ -100,15 +133,20 @@ def load_hf(path: str | pathlib.Path, dtype: str = "float32") -> tuple[ModelConf
 
     def load_leaf(key_path, shape_dtype):
         path = tuple(k.key for k in key_path)
-        name, transpose = hf_tensor_name(path)
-        if name not in tensors:
-            raise ValueError(f"checkpoint {directory} is missing tensor {name!r} (for params {'/'.join(path)})")
-        value = jnp.asarray(tensors[name])
-        value = value.T if transpose else value
+        name, transpose = hf_tensor_name(path, config.model_type)
+        stacked = "{e}" in name
+        names = [name.format(e=e) for e in range(config.num_experts)] if stacked else [name]
+        values = []
+        for name in names:
+            if name not in tensors:
+                raise ValueError(f"checkpoint {directory} is missing tensor {name!r} (for params {'/'.join(path)})")
+            value = jnp.asarray(tensors[name])
+            values.append(value.T if transpose else value)
+            used.add(name)
+        value = jnp.stack(values) if stacked else values[0]
         if value.shape != shape_dtype.shape:
             raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, expected "
-                             f"{shape_dtype.shape[::-1] if transpose else shape_dtype.shape} for this config")
-        used.add(name)
+                             f"{shape_dtype.shape[-2:][::-1] if transpose else shape_dtype.shape} for this config")
         return value.astype(shape_dtype.dtype)
 
     params = jax.tree_util.tree_map_with_path(load_leaf, expected)

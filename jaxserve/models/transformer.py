@@ -1,4 +1,4 @@
-"""The decoder-only transformer family (Llama, Qwen2, Qwen3) as pure functions of params.
+"""The decoder-only transformer family (Llama, Qwen2, Qwen3 and their MoE variants) as pure functions.
 
 Axis names: B batch, L sequence length, T packed tokens, V vocabulary, E hidden size.
 
@@ -7,6 +7,10 @@ Two entry points share one module tree and one params pytree:
   serving step over a packed batch, K/V written into and read from the paged pool;
 - ``forward_full(params, config, tokens[B, L]) -> logits[B, L, V]``: plain causal forward with no
   cache, used by training and as the oracle in tests.
+
+MoE configs (``num_experts > 0``) swap the MLP of their MoE layers for ``jaxserve.moe.MoEBlock``;
+both entry points then take an optional ``router_state`` (the loss-free balancing biases, see
+``jaxserve/moe/balancing.py``; zero when omitted).
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     config: ModelConfig
     attention_impl: str
+    layer_idx: int = 0
 
     @nn.compact
     def __call__(self, x, positions, kv=None, meta=None):
@@ -60,9 +65,14 @@ class DecoderLayer(nn.Module):
         h, kv = Attention(c, self.attention_impl, name="attn")(
             RMSNorm(c.rms_norm_eps, dt, name="input_norm")(x), positions, kv, meta)
         x = x + h
-        x = x + SwiGLU(c.hidden_size, c.intermediate_size, dt, name="mlp")(
-            RMSNorm(c.rms_norm_eps, dt, name="post_attention_norm")(x))
+        x = x + self._mlp(c, dt)(RMSNorm(c.rms_norm_eps, dt, name="post_attention_norm")(x))
         return x, kv
+
+    def _mlp(self, c: ModelConfig, dt):
+        if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
+            from jaxserve.moe.layer import MoEBlock  # here: jaxserve.moe imports models.layers
+            return lambda h: MoEBlock(c, name="mlp")(h)[0]
+        return SwiGLU(c.hidden_size, c.intermediate_size, dt, name="mlp")
 
 
 class Transformer(nn.Module):
@@ -76,7 +86,7 @@ class Transformer(nn.Module):
         x = embed(tokens)
         new_pool = []
         for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
-            x, kv = DecoderLayer(c, self.attention_impl, name=f"layers_{i}")(
+            x, kv = DecoderLayer(c, self.attention_impl, i, name=f"layers_{i}")(
                 x, positions, None if kv_pool is None else kv_pool[i], meta)
             new_pool.append(kv)
         x = RMSNorm(c.rms_norm_eps, dt, name="final_norm")(x)
@@ -99,7 +109,8 @@ def param_shapes(config: ModelConfig) -> dict:
 
 def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
             kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
-            logits_indices: jax.Array | None = None) -> tuple[jax.Array, KVPool]:
+            logits_indices: jax.Array | None = None, router_state: dict | None = None
+            ) -> tuple[jax.Array, KVPool]:
     """Serving step over a packed batch.
 
     tokens, positions: i32[T]; kv_pool: per-layer ``(k, v)`` pages ``[P, S, K, D]``; meta: where each
@@ -107,13 +118,17 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax
     step's K/V written into the pool.
     """
     return Transformer(config, attention_impl).apply(
-        {"params": params}, tokens, positions, kv_pool, meta, logits_indices)
+        _variables(params, router_state), tokens, positions, kv_pool, meta, logits_indices)
 
 
 def forward_full(params: dict, config: ModelConfig, tokens: jax.Array,
-                 positions: jax.Array | None = None) -> jax.Array:
+                 positions: jax.Array | None = None, router_state: dict | None = None) -> jax.Array:
     """Causal forward with no cache: tokens i32[B, L] -> logits f32[B, L, V]."""
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logits, _ = Transformer(config).apply({"params": params}, tokens, positions)
+    logits, _ = Transformer(config).apply(_variables(params, router_state), tokens, positions)
     return logits
+
+
+def _variables(params: dict, router_state: dict | None) -> dict:
+    return {"params": params} if router_state is None else {"params": params, "router_state": router_state}

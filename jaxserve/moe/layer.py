@@ -1,0 +1,75 @@
+"""The MoE feed-forward block: router + routed experts + optional shared experts.
+
+Axis names: T tokens, H hidden size, I expert intermediate size, E experts, k experts per token.
+
+Params of one block (``layers_i/mlp`` in the model tree):
+``router`` [H, E], ``gate_proj``/``up_proj`` [E, H, I], ``down_proj`` [E, I, H], and when
+``num_shared_experts > 0`` a ``shared_experts`` SwiGLU of width ``num_shared_experts * I`` that
+every token passes through (DeepSeek / Qwen style), added to the routed output.
+
+The selection bias of loss-free balancing is read from the ``"router_state"`` collection
+(see ``jaxserve/moe/balancing.py``); when the caller passes none, it is zero. The block accepts
+any leading axes ([T, H] packed serving tokens or [B, L, H]) and returns ``(y, RouterStats)``;
+the stats are also sown into ``"moe_stats"`` for training loops.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxserve.config import ModelConfig
+from jaxserve.models.layers import SwiGLU
+from jaxserve.moe.balancing import RouterStats, expert_load
+from jaxserve.moe.experts import capacity_experts, ragged_experts
+from jaxserve.moe.routers import route
+
+_INIT = nn.initializers.normal(0.02)
+
+
+def router_logits(weights: dict, x: jax.Array) -> jax.Array:
+    """x [T, H] -> f32[T, E]; the router matmul runs in float32, as HF does for DeepSeek."""
+    return x.astype(jnp.float32) @ weights["router"].astype(jnp.float32)
+
+
+def routed_experts(weights: dict, config: ModelConfig, x: jax.Array,
+                   bias: jax.Array | None = None) -> tuple[jax.Array, RouterStats]:
+    """Single-device routed part of the block: x [T, H] -> (y [T, H], RouterStats)."""
+    r = route(router_logits(weights, x), config, bias)
+    w = (weights["gate_proj"], weights["up_proj"], weights["down_proj"])
+    if config.moe_capacity_factor > 0:
+        y, dropped = capacity_experts(x, r.experts, r.gates, *w, config.moe_capacity_factor)
+    else:
+        y, dropped = ragged_experts(x, r.experts, r.gates, *w), jnp.zeros((), jnp.int32)
+    return y, RouterStats(expert_load(r.experts, config.num_experts), r.probs, r.experts, dropped)
+
+
+def shared_experts(config: ModelConfig, name: str | None = None) -> SwiGLU:
+    """The always-on experts as one SwiGLU (apply it with ``{"params": weights["shared_experts"]}``)."""
+    return SwiGLU(config.hidden_size, config.num_shared_experts * config.expert_intermediate_size,
+                  jnp.dtype(config.dtype), name=name)
+
+
+class MoEBlock(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, RouterStats]:
+        c, dt = self.config, jnp.dtype(self.config.dtype)
+        e, h, i = c.num_experts, c.hidden_size, c.expert_intermediate_size
+        weights = {"router": self.param("router", _INIT, (h, e), dt),
+                   "gate_proj": self.param("gate_proj", _INIT, (e, h, i), dt),
+                   "up_proj": self.param("up_proj", _INIT, (e, h, i), dt),
+                   "down_proj": self.param("down_proj", _INIT, (e, i, h), dt)}
+        flat = x.reshape(-1, h)
+        y, stats = routed_experts(weights, c, flat, self._selection_bias(e))
+        self.sow("moe_stats", "stats", stats)
+        if c.num_shared_experts:
+            y = y + shared_experts(c, "shared_experts")(flat)
+        return y.reshape(x.shape), stats
+
+    def _selection_bias(self, num_experts: int) -> jax.Array | None:
+        if not (self.is_initializing() or self.has_variable("router_state", "bias")):
+            return None
+        bias = self.variable("router_state", "bias", jnp.zeros, (num_experts,), jnp.float32)
+        return jax.lax.stop_gradient(bias.value)
