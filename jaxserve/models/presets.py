@@ -13,6 +13,14 @@ PRESETS: dict[str, ModelConfig] = {
     "small-llama": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=704,
                                num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,
                                max_position_embeddings=2048),
+    # The bundled zoo models (jaxserve/zoo/): trained on the pycode corpus with its 4096-token BPE.
+    "tiny-code": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=704,
+                             num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,
+                             max_position_embeddings=512, eos_token_id=0),
+    # Hidden 64: with a 4096-token head, a 128-wide draft costs ~1/6 of tiny-code on CPU, not <= 1/8.
+    "tiny-code-draft": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64, intermediate_size=192,
+                                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                                   max_position_embeddings=512, eos_token_id=0),
     "llama3-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
                              rms_norm_eps=1e-5, max_position_embeddings=8192, dtype="bfloat16"),

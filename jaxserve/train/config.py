@@ -1,0 +1,88 @@
+"""Configuration of a training run, and its command-line parsing.
+
+``python -m jaxserve.train model=tiny-code train.steps=2000 data.seq_len=256`` : ``model=<preset>``
+picks a preset from ``jaxserve.models.PRESETS``; every other ``a.b=value`` is a dotted override
+of ``TrainRunConfig`` (unknown keys raise ``ValueError``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from jaxserve.config import ModelConfig, apply_overrides
+from jaxserve.models import get_preset
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 16  # sequences per optimizer step, over all devices and micro-batches
+    grad_accum: int = 1  # micro-batches per step; batch_size must be a multiple
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at `steps`
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0  # params init and data order
+    eval_every: int = 200
+    eval_windows: int = 64  # validation windows per evaluation (0: all)
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    out_dir: str = "runs/train"
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints",
+                     "log_every"):
+            _require(getattr(self, name) > 0, f"TrainConfig.{name} must be > 0, got {getattr(self, name)}")
+        _require(self.batch_size % self.grad_accum == 0,
+                 f"TrainConfig.batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}")
+        _require(self.lr > 0 and 0 <= self.min_lr_ratio <= 1, f"bad learning rate {self.lr} / {self.min_lr_ratio}")
+        _require(self.warmup_steps >= 0, f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    corpus: str = ""  # .jsonl.xz snapshot; "" is the committed data/pycode-v1.jsonl.xz
+    tokenizer: str = ""  # tokenizer.json to use; "" trains one on the corpus (saved in out_dir)
+    seq_len: int = 256  # tokens per training window (the model sees seq_len, predicts seq_len)
+    max_train_tokens: int = 0  # 0: the whole training split (tests use a few hundred)
+    max_val_tokens: int = 0  # 0: the whole validation split
+
+    def __post_init__(self):
+        _require(self.seq_len > 0, f"DataConfig.seq_len must be > 0, got {self.seq_len}")
+        _require(self.max_train_tokens >= 0 and self.max_val_tokens >= 0, "max_*_tokens must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRunConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+
+    def __post_init__(self):
+        _require(self.data.seq_len <= self.model.max_position_embeddings,
+                 f"data.seq_len={self.data.seq_len} exceeds model.max_position_embeddings="
+                 f"{self.model.max_position_embeddings}")
+
+
+def parse_run_config(args: Sequence[str], base: TrainRunConfig | None = None) -> TrainRunConfig:
+    """``["model=tiny-code", "train.steps=10", ...]`` -> ``TrainRunConfig``; bad input raises ValueError."""
+    base = base or TrainRunConfig()
+    rest = []
+    for item in args:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"argument {item!r} is not of the form key=value")
+        if key == "model":
+            base = dataclasses.replace(base, model=get_preset(value))
+        else:
+            rest.append(item)
+    return apply_overrides(base, rest)

@@ -1,0 +1,133 @@
+"""The training loop: data, mesh, optimizer, checkpoints, metrics, and the final model export.
+
+``train(run_config)`` trains (resuming from ``out_dir/checkpoints`` when present) and writes
+``out_dir/final`` as a jaxserve checkpoint with ``tokenizer.json`` beside it, ``metrics.jsonl``
+and ``training_curve.png``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import sys
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tqdm import tqdm
+
+from jaxserve.checkpoint import save_model
+from jaxserve.models import init_params
+from jaxserve.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
+from jaxserve.train import state as ckpt
+from jaxserve.train.config import TrainRunConfig
+from jaxserve.train.data import BatchOrder, encode_split, windows
+from jaxserve.train.metrics import MetricsLog, plot_curve
+from jaxserve.train.step import evaluate, make_optimizer, make_train_step, optimizer_fields
+from jaxserve.train.tokenizer import train_tokenizer
+
+
+def data_mesh() -> Mesh:
+    """A 1-D mesh over all devices, axis "data" (batch-parallel)."""
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def prepare_tokenizer(rc: TrainRunConfig, out_dir: pathlib.Path) -> Tokenizer:
+    """The run's tokenizer: ``data.tokenizer`` if given, else the one saved in out_dir, else a new one.
+
+    It is checked against ``model.vocab_size`` before anything is written; then saved in out_dir.
+    """
+    saved = out_dir / TOKENIZER_FILE
+    if rc.data.tokenizer:
+        tok = load_tokenizer(rc.data.tokenizer)
+    elif saved.exists():
+        tok = load_tokenizer(saved)
+    else:
+        tok = Tokenizer(train_tokenizer(rc.data.corpus or None, rc.model.vocab_size))
+    if tok.vocab_size != rc.model.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} tokens but model.vocab_size={rc.model.vocab_size}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not saved.exists():
+        tok.save(out_dir)
+    return tok
+
+
+def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool = True) -> dict:
+    """Trains to ``rc.train.steps`` (or stops after step ``stop_after``, as an interruption would).
+
+    Returns ``{"step", "params", "final_eval", "out_dir"}``. Raises FileNotFoundError for a missing
+    corpus or tokenizer and ValueError for inconsistent settings, before any state is written.
+    """
+    tc, mc = rc.train, rc.model
+    out_dir = pathlib.Path(tc.out_dir)
+    _check_inputs(rc)
+    tok = prepare_tokenizer(rc, out_dir)
+    mc = dataclasses.replace(mc, eos_token_id=tok.eos_token_id)
+    (out_dir / "run_config.json").write_text(json.dumps(dataclasses.asdict(dataclasses.replace(rc, model=mc)),
+                                                        indent=2))
+    train_w = windows(encode_split(tok, rc.data.corpus, "train", rc.data.max_train_tokens), rc.data.seq_len)
+    val_w = windows(encode_split(tok, rc.data.corpus, "val", rc.data.max_val_tokens), rc.data.seq_len)
+    val_w = val_w[:tc.eval_windows] if tc.eval_windows else val_w
+
+    mesh = data_mesh()
+    if (tc.batch_size // tc.grad_accum) % mesh.size:
+        raise ValueError(f"micro-batch {tc.batch_size // tc.grad_accum} is not divisible by {mesh.size} devices")
+    replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "data"))
+    optimizer, schedule = make_optimizer(tc)
+    params = jax.device_put(init_params(mc, jax.random.key(tc.seed)), replicated)
+    opt_state = optimizer.init(params)
+    mngr = ckpt.manager(out_dir, tc.keep_checkpoints)
+    start, restored = 0, ckpt.restore_latest(mngr, params, opt_state)
+    if restored is not None:
+        start, params, opt_state, position = restored
+        if position != start * tc.batch_size:
+            raise ValueError(f"checkpoint at step {start} consumed {position} sequences, expected "
+                             f"{start * tc.batch_size}: was batch_size changed between runs?")
+    log = MetricsLog(out_dir, start)
+    order = BatchOrder(len(train_w), tc.batch_size, tc.seed)
+    step_fn = make_train_step(mc, optimizer_fields(tc))
+    end = min(tc.steps, stop_after if stop_after is not None else tc.steps)
+    t0, tokens_per_step = time.perf_counter(), tc.batch_size * rc.data.seq_len
+    bar = tqdm(range(start, end), initial=start, total=tc.steps, disable=not progress, file=sys.stderr,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=out_dir.name)
+    for step in bar:
+        batch = train_w[order.indices(step)].reshape(tc.grad_accum, -1, rc.data.seq_len + 1)
+        params, opt_state, m = step_fn(params, opt_state, jax.device_put(batch, batch_sharding))
+        done = step + 1
+        if done % tc.log_every == 0 or done == end:
+            loss = float(m["loss"])
+            bar.set_postfix(loss=f"{loss:.3f}")
+            log.write({"step": done, "loss": loss, "grad_norm": float(m["grad_norm"]), "lr": float(schedule(step)),
+                       "tokens": done * tokens_per_step, "elapsed_s": log.elapsed_offset + time.perf_counter() - t0})
+        if done % tc.eval_every == 0 or done == tc.steps:
+            ev = evaluate(params, mc, val_w)
+            log.write({"step": done, **ev, "elapsed_s": log.elapsed_offset + time.perf_counter() - t0})
+        if done % tc.checkpoint_every == 0 or done == end:
+            ckpt.save_state(mngr, done, params, opt_state, done * tc.batch_size)
+    bar.close()
+    mngr.close()
+    result = {"step": max(start, end), "params": params, "out_dir": out_dir, "final_eval": None}
+    if result["step"] >= tc.steps:
+        result["final_eval"] = _export(out_dir, mc, params)
+    return result
+
+
+def _check_inputs(rc: TrainRunConfig) -> None:
+    if rc.data.corpus and not pathlib.Path(rc.data.corpus).is_file():
+        raise FileNotFoundError(f"corpus file {rc.data.corpus} does not exist")
+    if rc.data.tokenizer and not pathlib.Path(rc.data.tokenizer).exists():
+        raise FileNotFoundError(f"tokenizer {rc.data.tokenizer} does not exist")
+
+
+def _export(out_dir: pathlib.Path, mc, params) -> dict:
+    """Writes ``out_dir/final`` (jaxserve checkpoint + tokenizer.json) and the training-curve PNG."""
+    final = out_dir / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    save_model(final, mc, jax.device_get(params))
+    shutil.copy(out_dir / TOKENIZER_FILE, final / TOKENIZER_FILE)
+    plot_curve(out_dir / "metrics.jsonl", out_dir / "training_curve.png", title=out_dir.name)
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return next((r for r in reversed(rows) if "val_loss" in r), None)

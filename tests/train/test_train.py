@@ -1,0 +1,93 @@
+import dataclasses
+import json
+import pathlib
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from jaxserve.train import parse_run_config, train
+from jaxserve.train.data import BatchOrder, windows
+from tests.train.conftest import with_train
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_run):
+    """An uninterrupted 6-step run (checkpoints at 3 and 6)."""
+    return train(tiny_run, progress=False)
+
+
+def _metrics(result) -> list[dict]:
+    return [json.loads(line) for line in (result["out_dir"] / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_reduces_loss(full_run):
+    losses = [r["loss"] for r in _metrics(full_run) if "loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert full_run["final_eval"]["val_ppl"] > 1 and (full_run["out_dir"] / "final" / "tokenizer.json").exists()
+    assert (full_run["out_dir"] / "training_curve.png").stat().st_size > 1000
+
+
+def test_resume_is_bit_identical(tiny_run, full_run, tmp_path):
+    interrupted = with_train(tiny_run, out_dir=str(tmp_path / "resumed"))
+    first = train(interrupted, stop_after=4, progress=False)  # as if killed after step 4: checkpoints at 3, 4
+    assert first["step"] == 4 and first["final_eval"] is None
+    resumed = train(interrupted, progress=False)  # continues from step 4 with the same data order
+    assert resumed["step"] == 6
+    chex.assert_trees_all_equal(jax.device_get(full_run["params"]), jax.device_get(resumed["params"]))
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "elapsed_s"} for row in rows]
+    assert strip(_metrics(full_run)) == strip(_metrics(resumed))
+
+
+def test_batch_order_is_a_permutation_per_epoch_and_seeded():
+    order = BatchOrder(num_windows=10, batch_size=5, seed=3)
+    epoch0 = np.concatenate([order.indices(0), order.indices(1)])
+    assert sorted(epoch0) == list(range(10))
+    assert not np.array_equal(epoch0, np.concatenate([order.indices(2), order.indices(3)]))
+    assert np.array_equal(BatchOrder(10, 5, 3).indices(3), order.indices(3))
+    assert not np.array_equal(BatchOrder(10, 5, 4).indices(0), order.indices(0))
+
+
+def test_windows_cover_stream_with_shifted_targets():
+    w = windows(np.arange(21, dtype=np.int32), 4)
+    assert w.shape == (5, 5) and np.array_equal(w[1], [4, 5, 6, 7, 8])
+    with pytest.raises(ValueError, match="too short"):
+        windows(np.arange(3, dtype=np.int32), 4)
+
+
+def test_parse_run_config_presets_and_overrides():
+    rc = parse_run_config(["model=tiny-code", "train.steps=7", "model.num_layers=3", "data.seq_len=128"])
+    assert (rc.model.hidden_size, rc.model.num_layers, rc.train.steps, rc.data.seq_len) == (256, 3, 7, 128)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (["model=no-such-model"], ValueError, "unknown model preset 'no-such-model'"),
+    (["train.no_such_field=1"], ValueError, "no_such_field"),
+    (["train.steps=many"], ValueError, "train.steps=many"),
+    (["train.batch_size=6", "train.grad_accum=4"], ValueError, "batch_size=6 must be a multiple of grad_accum=4"),
+    (["model=tiny-code", "data.seq_len=1024"], ValueError, "seq_len=1024 exceeds"),
+    (["steps"], ValueError, "not of the form key=value"),
+])
+def test_bad_arguments_raise_clear_errors(args, error, match):
+    with pytest.raises(error, match=match):
+        parse_run_config(args)
+
+
+def test_missing_corpus_or_tokenizer_raise_before_writing(tiny_run, tmp_path):
+    rc = with_train(tiny_run, out_dir=str(tmp_path / "never"))
+    missing = dataclasses.replace(rc.data, corpus=str(tmp_path / "nope.jsonl.xz"))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl.xz does not exist"):
+        train(dataclasses.replace(rc, data=missing), progress=False)
+    missing = dataclasses.replace(rc.data, tokenizer=str(tmp_path / "tok.json"))
+    with pytest.raises(FileNotFoundError, match="tok.json does not exist"):
+        train(dataclasses.replace(rc, data=missing), progress=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_vocab_mismatch_raises_before_writing(tiny_run, tmp_path):
+    rc = with_train(tiny_run, out_dir=str(tmp_path / "never"))
+    bad = dataclasses.replace(rc, model=rc.model.replace(vocab_size=rc.model.vocab_size + 1))
+    with pytest.raises(ValueError, match=r"tokenizer has \d+ tokens but model.vocab_size"):
+        train(bad, progress=False)
+    assert not (tmp_path / "never").exists()
