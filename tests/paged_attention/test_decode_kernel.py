@@ -3,13 +3,9 @@
 Kernel and reference run under one jit each (see conftest.fast_jit); input validation of concrete
 values is covered by test_validation.py.
 """
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
 
@@ -74,24 +70,3 @@ def test_zero_length_gives_zeros(decode_case, fast_jit, assert_close):
                    pages_per_compute_block=1)
     assert not np.any(np.asarray(out[0])) and not np.any(np.asarray(out[2]))
     assert np.all(np.isfinite(np.asarray(out)))
-
-
-_FAST = {"xla_backend_optimization_level": 0}
-_hyp_kernel = jax.jit(functools.partial(paged_attention, pages_per_compute_block=2, num_splits=2,
-                                        sliding_window=17), compiler_options=_FAST)
-_hyp_reference = jax.jit(functools.partial(paged_attention_reference, sliding_window=17),
-                         compiler_options=_FAST)
-
-
-@settings(max_examples=12, deadline=None)
-@given(lengths=st.lists(st.integers(0, 48), min_size=3, max_size=3), seed=st.integers(0, 2**16))
-def test_random_lengths_and_tables(lengths, seed):
-    """Fixed shapes (one compile), fresh lengths, page placement and data per example."""
-    rng = np.random.default_rng(seed)
-    num_pages, max_pages, page_size, kv_heads, head_dim = 24, 6, 8, 2, 64
-    tables = rng.permutation(num_pages)[:3 * max_pages].reshape(3, max_pages).astype(np.int32)
-    k = jnp.asarray(rng.standard_normal((num_pages, page_size, kv_heads, head_dim)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal(k.shape), jnp.float32)
-    q = jnp.asarray(rng.standard_normal((3, 4, head_dim)), jnp.float32)
-    args = (q, k, v, jnp.asarray(tables), jnp.asarray(lengths, jnp.int32))
-    assert float(jnp.max(jnp.abs(_hyp_kernel(*args) - _hyp_reference(*args)))) <= 1e-5
