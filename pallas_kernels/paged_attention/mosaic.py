@@ -2,8 +2,8 @@
 
 Checked only in Mosaic GPU's CPU interpreter (tests/paged_attention/test_mosaic_kernel.py); it has
 never been compiled or run on an H100/H200. The portable kernel in ``decode.py`` is the supported
-path; this one is reachable only through ``paged_attention_mosaic`` (or ``decode.paged_attention``
-callers opting in explicitly) and is meant to be measured when a session gets a GPU.
+path; this one is opt-in, reachable only by calling ``paged_attention_mosaic``, and is meant to be
+measured (benchmarks/gpu_check.sh) when a session gets a GPU.
 
 Axis names as in ``decode.py``. Grid (B, K): one CTA (one warpgroup) per sequence and kv head.
 The G query heads of the kv head, padded to the 64 rows a WGMMA needs, stay in shared memory; K/V
