@@ -1,0 +1,263 @@
+"""Batched generation with speculative decoding, and the target-only baseline, each one jitted program.
+
+Axis names: B sequences, Lp padded prompt length, N output capacity, G draft tokens (γ), M pages
+per sequence.
+
+``speculative_generate`` prefills both models, then runs ONE ``lax.while_loop`` whose body is
+``spec_round`` (draft γ tokens with an inner ``scan``, verify in one target pass, exact rejection
+sampling, roll back by positions) plus EOS / max_tokens bookkeeping; the loop ends when every
+sequence is done. ``target_only_generate`` is the same program with a plain decode step as the
+body. Nothing returns to the host until the batch is finished.
+
+Shapes are bucketed (powers of two for B, Lp and N), so one program serves every call in a
+(batch, prompt, output, γ) bucket; per-request lengths, max_tokens, sampling settings, seeds and
+EOS are arrays. Each sequence's pages are pre-allocated contiguously with γ+1 lookahead slots.
+``TRACES`` counts traces (each one compile) per program.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxserve.cache.kv_pool import KVPool, init_kv_pool
+from jaxserve.config import ModelConfig
+from jaxserve.engine.buckets import bucket, powers_of_two
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.transformer import forward
+from jaxserve.sampling import SamplingBatch, sample
+from jaxserve.spec.metrics import SpecMetrics
+from jaxserve.spec.rejection import PAD_TOKEN
+from jaxserve.spec.round import RoundInputs, slots_for, spec_round
+
+TRACES: Counter = Counter()  # program name -> times traced (== compiled)
+
+
+@struct.dataclass
+class LoopState:
+    target_pool: KVPool
+    draft_pool: KVPool  # [] for target-only
+    inputs: RoundInputs
+    out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
+    num_generated: jax.Array  # i32[B]
+    done: jax.Array  # bool[B]
+    metrics: SpecMetrics
+
+
+def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl):
+    """Writes each prompt's K/V and returns the logits f32[B, V] at its last token.
+
+    Rows are laid out Lp apart with context Lp; causality keeps real tokens from seeing the
+    padding, whose K/V writes are dropped.
+    """
+    b, lp = prompts.shape
+    block_size = pool[0][0].shape[1]
+    pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
+    slots = jnp.where(pos < prompt_lens[:, None], slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp), -1)
+    meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
+                             context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp)
+    logits, pool = forward(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
+                           attention_impl=attention_impl, logits_indices=jnp.arange(b) * lp + prompt_lens - 1)
+    return logits, pool
+
+
+def _new_pool(config: ModelConfig, num_blocks: int, block_size: int) -> KVPool:
+    return init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim,
+                        jnp.dtype(config.dtype))
+
+
+def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+           gamma, block_size, pages_per_seq, capacity, attention_impl):
+    """Prefills the target, samples the first token, and builds the loop state (draft pool empty)."""
+    b = prompts.shape[0]
+    tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
+    pool = _new_pool(target_config, b * pages_per_seq, block_size)
+    logits, pool = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl)
+    first, _ = sample(logits, sampling.replace(position=prompt_lens))
+    out = jnp.full((b, capacity + gamma + 1), PAD_TOKEN, jnp.int32).at[:, 0].set(first)
+    inputs = RoundInputs(block_tables=tables, positions=prompt_lens, last_tokens=first,
+                         prev_tokens=jnp.take_along_axis(prompts, (prompt_lens - 1)[:, None], axis=1)[:, 0],
+                         active=real, sampling=sampling)
+    metrics = SpecMetrics.zeros(b, gamma)
+    metrics = metrics.replace(target_calls=real.astype(jnp.int32), generated=real.astype(jnp.int32))
+    done = ~real | (first == eos) | (max_tokens <= 1)
+    return LoopState(pool, [], inputs.replace(active=~done), out, jnp.ones(b, jnp.int32), done, metrics)
+
+
+def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens, eos, target_pool,
+            draft_pool) -> LoopState:
+    """Appends each active row's emitted tokens, truncated at EOS and max_tokens, and updates done."""
+    active = state.inputs.active
+    g1 = tokens.shape[1]
+    slot = jnp.arange(g1)[None, :]
+    proposed = num_accepted + 1
+    is_eos = (tokens == eos) & (slot < proposed[:, None])
+    until_eos = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g1 + 1)
+    emitted = jnp.minimum(jnp.minimum(proposed, until_eos), max_tokens - state.num_generated)
+    written = jax.vmap(lambda row, t, at: jax.lax.dynamic_update_slice(row, t, (at,)))(
+        state.out, tokens, state.num_generated)
+    out = jnp.where(active[:, None], written, state.out)
+    num_generated = state.num_generated + jnp.where(active, emitted, 0)
+    done = state.done | (active & ((until_eos <= emitted) | (num_generated >= max_tokens)))
+    metrics = state.metrics.record_round(active, num_accepted, emitted)
+    return LoopState(target_pool, draft_pool, nxt.replace(active=~done), out, num_generated, done, metrics)
+
+
+def _finish(state: LoopState, capacity: int):
+    cols = jnp.arange(capacity)[None, :]
+    tokens = jnp.where(cols < state.num_generated[:, None], state.out[:, :capacity], PAD_TOKEN)
+    return tokens, state.num_generated, state.metrics
+
+
+_STATIC = ("target_config", "draft_config", "gamma", "block_size", "pages_per_seq", "capacity", "attention_impl")
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+                         target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl):
+    TRACES["speculative"] += 1  # runs only while tracing
+    state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                   gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
+                   attention_impl=attention_impl)
+    draft_pool = _new_pool(draft_config, state.target_pool[0][0].shape[0], block_size)
+    _, draft_pool = _prefill(draft_params, draft_config, draft_pool, prompts, prompt_lens,
+                             state.inputs.block_tables, attention_impl)
+
+    def body(st: LoopState) -> LoopState:
+        r = spec_round(target_params, draft_params, st.target_pool, st.draft_pool, st.inputs,
+                       target_config=target_config, draft_config=draft_config, gamma=gamma,
+                       attention_impl=attention_impl)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool)
+
+    state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state.replace(draft_pool=draft_pool))
+    return _finish(state, capacity)
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _target_only_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+                         target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl):
+    TRACES["target_only"] += 1
+    del draft_params, draft_config, gamma
+    state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                   gamma=0, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
+                   attention_impl=attention_impl)
+
+    def body(st: LoopState) -> LoopState:
+        inp = st.inputs
+        pos = inp.positions[:, None]
+        meta = AttentionMetadata(slot_mapping=slots_for(inp.block_tables, pos, block_size, inp.active),
+                                 block_tables=inp.block_tables, context_lens=inp.positions + 1,
+                                 cu_q_lens=jnp.arange(pos.shape[0] + 1, dtype=jnp.int32), decode_only=True)
+        logits, pool = forward(target_params, target_config, inp.last_tokens, inp.positions, st.target_pool, meta,
+                               attention_impl=attention_impl)
+        tok, _ = sample(logits, inp.sampling.replace(position=inp.positions + 1))
+        nxt = inp.replace(positions=inp.positions + 1, prev_tokens=inp.last_tokens, last_tokens=tok)
+        return _commit(st, tok[:, None], jnp.zeros_like(tok), nxt, max_tokens, eos, pool, [])
+
+    state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
+    return _finish(state, capacity)
+
+
+def _per_row(value, b: int, dtype, name: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=dtype)
+    if arr.ndim == 0:
+        arr = np.full(b, arr, dtype)
+    if arr.shape != (b,):
+        raise ValueError(f"{name} must be a scalar or have shape ({b},), got shape {arr.shape}")
+    return arr
+
+
+def _prepare(target_config, draft_config, prompts, prompt_lens, gamma, max_tokens, temperature, top_k, top_p,
+             seeds, eos_token_id, block_size):
+    """Validates on the host and pads everything to bucketed shapes; returns (arrays, static kwargs)."""
+    prompts = np.asarray(prompts)
+    if prompts.ndim != 2 or prompts.shape[0] == 0 or prompts.shape[1] == 0:
+        raise ValueError(f"prompts must be a non-empty i32[B, Lp] array, got shape {prompts.shape}")
+    b, lp = prompts.shape
+    lens = _per_row(prompt_lens, b, np.int32, "prompt_lens")
+    max_tokens = _per_row(max_tokens, b, np.int32, "max_tokens")
+    temperature = _per_row(temperature, b, np.float32, "temperature")
+    top_k = _per_row(top_k, b, np.int32, "top_k")
+    top_p = _per_row(top_p, b, np.float32, "top_p")
+    seeds = _per_row(seeds, b, np.uint32, "seeds")
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if lens.min() < 1 or lens.max() > lp:
+        raise ValueError(f"prompt_lens must lie in [1, {lp}], got {lens.tolist()}")
+    if max_tokens.min() < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens.tolist()}")
+    if temperature.min() < 0 or top_k.min() < 0 or not ((top_p > 0) & (top_p <= 1)).all():
+        raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {temperature.tolist()}, "
+                         f"{top_k.tolist()}, {top_p.tolist()}")
+    for cfg in (target_config, draft_config):
+        if cfg is None:
+            continue
+        if cfg.vocab_size != target_config.vocab_size:
+            raise ValueError(f"draft vocab_size {cfg.vocab_size} != target vocab_size {target_config.vocab_size}")
+        valid = prompts[np.arange(lp)[None, :] < lens[:, None]]
+        if valid.min() < 0 or valid.max() >= cfg.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size}), got {valid.min()}..{valid.max()}")
+        need = int((lens + max_tokens).max()) + gamma
+        if need > cfg.max_position_embeddings:
+            raise ValueError(f"prompt + max_tokens + gamma = {need} exceeds max_position_embeddings "
+                             f"{cfg.max_position_embeddings}")
+
+    bb = bucket(b, powers_of_two(1, b))
+    lpb = bucket(lp, powers_of_two(8, lp))
+    cap = bucket(int(max_tokens.max()), powers_of_two(8, int(max_tokens.max())))
+    pad_rows = bb - b
+    padded_prompts = np.zeros((bb, lpb), np.int32)
+    padded_prompts[:b, :lp] = prompts
+
+    def rows(x, fill):
+        return np.concatenate([x, np.full(pad_rows, fill, x.dtype)])
+
+    sampling = SamplingBatch(temperature=jnp.asarray(rows(temperature, 0)), top_k=jnp.asarray(rows(top_k, 0)),
+                             top_p=jnp.asarray(rows(top_p, 1)), seed=jnp.asarray(rows(seeds, 0)),
+                             index=jnp.zeros(bb, jnp.int32), position=jnp.zeros(bb, jnp.int32))
+    arrays = dict(prompts=jnp.asarray(padded_prompts), prompt_lens=jnp.asarray(rows(lens, 1)),
+                  max_tokens=jnp.asarray(rows(max_tokens, 1)), sampling=sampling,
+                  eos=jnp.int32(-2 if eos_token_id is None else eos_token_id),  # -2 never matches a token
+                  real=jnp.asarray(np.arange(bb) < b))
+    pages = -(-(lpb + cap + gamma + 1) // block_size)
+    static = dict(gamma=gamma, block_size=block_size, pages_per_seq=pages, capacity=cap)
+    return arrays, static, b, int(max_tokens.max())
+
+
+def _run(program, target_params, target_config, draft_params, draft_config, prompts, prompt_lens, *, gamma,
+         max_tokens, temperature, top_k, top_p, seeds, eos_token_id, block_size, attention_impl):
+    arrays, static, b, n = _prepare(target_config, draft_config, prompts, prompt_lens, gamma, max_tokens,
+                                    temperature, top_k, top_p, seeds, eos_token_id, block_size)
+    tokens, num_generated, metrics = program(target_params, draft_params, **arrays, target_config=target_config,
+                                             draft_config=draft_config, attention_impl=attention_impl, **static)
+    return tokens[:b, :n], num_generated[:b], jax.tree.map(lambda x: x[:b], metrics)
+
+
+def speculative_generate(target_params: dict, target_config: ModelConfig, draft_params: dict,
+                         draft_config: ModelConfig, prompts, prompt_lens, *, gamma: int = 4, max_tokens=32,
+                         temperature=0.0, top_k=0, top_p=1.0, seeds=0, eos_token_id: int | None = None,
+                         block_size: int = 16, attention_impl: str = "auto"):
+    """Generates with a draft model proposing ``gamma`` tokens per round, exactly as the target would sample.
+
+    prompts: i32[B, Lp] right-padded; prompt_lens: i32[B] (each >= 1). max_tokens, temperature
+    (0 = greedy), top_k (0 = off), top_p (1 = off) and seeds are scalars or per-row arrays [B].
+    Returns ``(tokens i32[B, max(max_tokens)], num_generated i32[B], SpecMetrics)``; a row's tokens
+    end at its EOS (included) or its max_tokens, and later slots hold -1.
+    """
+    return _run(_speculative_program, target_params, target_config, draft_params, draft_config, prompts,
+                prompt_lens, gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                top_p=top_p, seeds=seeds, eos_token_id=eos_token_id, block_size=block_size,
+                attention_impl=attention_impl)
+
+
+def target_only_generate(target_params: dict, target_config: ModelConfig, prompts, prompt_lens, *,
+                         max_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seeds=0,
+                         eos_token_id: int | None = None, block_size: int = 16, attention_impl: str = "auto"):
+    """The autoregressive baseline: same interface and outputs as ``speculative_generate`` (metrics with γ = 0)."""
+    return _run(_target_only_program, target_params, target_config, None, None, prompts, prompt_lens, gamma=1,
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl)

@@ -1,0 +1,89 @@
+"""The exact speculative-sampling acceptance rule (Leviathan et al. 2023; Chen et al. 2023).
+
+Axis names: B sequences, G draft tokens per round (γ), V vocabulary.
+
+Given draft tokens x_1..x_G drawn from the draft's distributions q_1..q_G and the target's
+distributions p_1..p_{G+1} at the same positions, token i is accepted with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection the replacement is drawn from
+normalize(max(0, p_i - q_i)); if all G are accepted a bonus token is drawn from p_{G+1}. Every
+emitted token is then distributed exactly as the target's own sample. Greedy rows accept while
+the draft token equals the target's argmax, and the correction (or bonus) is that argmax.
+
+``probs_from_logits`` turns logits into the distribution that ``jaxserve.sampling.sample`` draws
+from (temperature, then top-k/top-p via ``filter_logits``), so p and q are filtered identically.
+Greedy rows get the one-hot of the argmax of the raw logits, which is also what ``sample`` picks.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.sampling import filter_logits
+
+PAD_TOKEN = -1  # output slots past a sequence's emitted tokens
+
+
+def probs_from_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
+                      top_p: jax.Array) -> jax.Array:
+    """logits f32[R, V] -> the sampling distribution f32[R, V] (one-hot argmax where temperature <= 0)."""
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    probs = jax.nn.softmax(filter_logits(scaled, top_k, top_p), axis=-1)
+    onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where(greedy[:, None], onehot, probs)
+
+
+def round_uniforms(keys: jax.Array, gamma: int, vocab: int) -> jax.Array:
+    """All the randomness of one round, one draw per row: f32[B, G+1, V+1] in (0, 1).
+
+    ``[:, j, :V]`` drives draft draw j (j < G) and ``[:, G, :V]`` the correction / bonus draw;
+    ``[:, :G, V]`` are the acceptance uniforms. One PRNG call per round keeps the compiled
+    program small (each threefry call is costly to compile on CPU).
+    """
+    tiny = jnp.finfo(jnp.float32).tiny
+    return jax.vmap(lambda k: jax.random.uniform(k, (gamma + 1, vocab + 1), minval=tiny))(keys)
+
+
+def draw(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
+    """Gumbel-max draw from probs f32[..., V] driven by uniforms f32[..., V]; i32[...]."""
+    gumbel = -jnp.log(-jnp.log(uniforms))
+    return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
+
+
+def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
+                     uniforms: jax.Array, greedy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Accepts a prefix of each row's draft and appends one target token.
+
+    draft_tokens i32[B, G]; draft_probs f32[B, G, V] (the q each draft token was drawn from);
+    target_probs f32[B, G+1, V]; uniforms f32[B, G+1, V+1] laid out as by ``round_uniforms`` (only
+    ``[:, :G, V]`` and ``[:, G, :V]`` are read here); greedy bool[B].
+    Returns ``(tokens i32[B, G+1], num_accepted i32[B])``: row b emits
+    ``tokens[b, :num_accepted[b] + 1]`` (accepted drafts, then the correction or bonus token);
+    later slots hold ``PAD_TOKEN``.
+    """
+    b, g = draft_tokens.shape
+    accept_u = uniforms[:, :g, -1]  # f32[B, G]
+    p_x = jnp.take_along_axis(target_probs[:, :g], draft_tokens[..., None], axis=-1)[..., 0]
+    q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
+    target_argmax = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # i32[B, G+1]
+    # u < p/q without dividing: x was drawn from q, so q(x) > 0 whenever it matters
+    accept = jnp.where(greedy[:, None], draft_tokens == target_argmax[:, :g], accept_u * q_x < p_x)
+    num_accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # i32[B]
+
+    # Residual at the first rejection; at position G (all accepted) q is zero, so it is p itself.
+    q_padded = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))
+    at = num_accepted[:, None, None]
+    p_n = jnp.take_along_axis(target_probs, at, axis=1)[:, 0]
+    q_n = jnp.take_along_axis(q_padded, at, axis=1)[:, 0]
+    residual = jnp.maximum(p_n - q_n, 0.0)
+    mass = jnp.sum(residual, axis=-1, keepdims=True)
+    residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)  # p == q: rejection had prob 0
+    sampled = draw(residual, uniforms[:, g, :-1])
+    extra = jnp.where(greedy, jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0], sampled)
+
+    slots = jnp.arange(g + 1)[None, :]
+    padded_draft = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+    tokens = jnp.where(slots < num_accepted[:, None], padded_draft,
+                       jnp.where(slots == num_accepted[:, None], extra[:, None], PAD_TOKEN))
+    return tokens.astype(jnp.int32), num_accepted.astype(jnp.int32)

@@ -1,0 +1,149 @@
+"""One speculative round, draft -> verify -> accept, as a pure function of explicit state.
+
+Axis names: B sequences, G draft tokens per round (γ), V vocabulary, M pages per sequence.
+
+``spec_round`` is the unit both ``speculative_generate`` (inside its ``lax.while_loop``) and an
+engine step (one round per step under continuous batching) call. Its state is entirely in its
+arguments: the two params pytrees, the two paged pools, and ``RoundInputs`` (block tables,
+positions, the last two tokens, the active mask and per-row sampling settings). It returns new
+pools and the next positions and tokens; it never reads the host.
+
+Cache invariant, per row, with L = ``positions`` (the position of ``last_tokens``):
+- the target pool holds K/V for positions [0, L); ``last_tokens`` is not cached yet;
+- the draft pool holds K/V for [0, L-1) at least: after a round in which all γ drafts were
+  accepted, the draft never saw the last draft token. Each round therefore starts with a
+  two-token draft step over (``prev_tokens``, ``last_tokens``) at (L-1, L) that fills the gap
+  (rewriting L-1 with the same K/V when there was none).
+Rollback is just positions: K/V written for rejected drafts lie at or past the new L and are
+overwritten by later rounds before anything attends to them. The block tables must cover
+positions up to L + γ (lookahead pre-allocated by the caller).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxserve.cache.kv_pool import KVPool
+from jaxserve.config import ModelConfig
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.transformer import forward
+from jaxserve.sampling import SamplingBatch, row_keys
+from jaxserve.spec.rejection import draw, probs_from_logits, rejection_sample, round_uniforms
+
+
+@struct.dataclass
+class RoundInputs:
+    block_tables: jax.Array  # i32[B, M]: pages of both pools (the draft pool uses the same table)
+    positions: jax.Array  # i32[B]: L, the position of last_tokens
+    prev_tokens: jax.Array  # i32[B]: the token at L-1
+    last_tokens: jax.Array  # i32[B]: the token at L (not in either cache)
+    active: jax.Array  # bool[B]: inactive rows write nothing and keep their state
+    sampling: SamplingBatch  # per-row temperature, top_k, top_p, seed, index (position unused)
+
+
+@struct.dataclass
+class RoundOutputs:
+    tokens: jax.Array  # i32[B, G+1]: tokens[:, :num_accepted+1] are emitted, later slots PAD_TOKEN
+    num_accepted: jax.Array  # i32[B]: accepted draft tokens (0 for inactive rows)
+    next: RoundInputs  # inputs for the next round (positions advanced by num_accepted + 1)
+    target_pool: KVPool
+    draft_pool: KVPool
+
+
+def slots_for(block_tables: jax.Array, positions: jax.Array, block_size: int, active: jax.Array) -> jax.Array:
+    """Flat pool slots i32[B*n] for positions i32[B, n]; -1 (dropped) for inactive rows."""
+    pages = jnp.take_along_axis(block_tables, positions // block_size, axis=1)
+    slots = pages * block_size + positions % block_size
+    return jnp.where(active[:, None], slots, -1).reshape(-1)
+
+
+def _multi_token_meta(inputs: RoundInputs, positions: jax.Array, block_size: int) -> AttentionMetadata:
+    """Metadata for n new tokens per row at positions i32[B, n] (contiguous, ending at context-1)."""
+    b, n = positions.shape
+    return AttentionMetadata(slot_mapping=slots_for(inputs.block_tables, positions, block_size, inputs.active),
+                             block_tables=inputs.block_tables, context_lens=positions[:, -1] + 1,
+                             cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n, decode_only=n == 1)
+
+
+def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
+    """logits f32[B, ..., V] -> sampling distributions, each row's settings broadcast over the middle axes."""
+    shape = logits.shape
+    reps = shape[1:-1]
+
+    def per_row(x):
+        return jnp.broadcast_to(x.reshape(-1, *([1] * len(reps))), shape[:-1]).reshape(-1)
+
+    flat = probs_from_logits(logits.reshape(-1, shape[-1]), per_row(s.temperature), per_row(s.top_k),
+                             per_row(s.top_p))
+    return flat.reshape(shape)
+
+
+def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, uniforms: jax.Array,
+                  attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
+    """γ draft tokens i32[B, G] and their distributions f32[B, G, V], one draw per uniforms[:, j] f32[B, G, V].
+
+    The draft pool gains K/V for positions L-1 .. L+G-2.
+    """
+    block_size = pool[0][0].shape[1]
+    b = inputs.positions.shape[0]
+    pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
+    toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
+    logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
+                           _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl,
+                           logits_indices=jnp.arange(b) * 2 + 1)
+    q = _probs(logits, inputs.sampling)
+    x = draw(q, uniforms[:, 0])
+
+    def step(carry, xs):
+        pool, x = carry
+        j, u = xs
+        pos = (inputs.positions + j)[:, None]
+        logits, pool = forward(params, config, x, pos[:, 0], pool, _multi_token_meta(inputs, pos, block_size),
+                               attention_impl=attention_impl)
+        q = _probs(logits, inputs.sampling)
+        nxt = draw(q, u)
+        return (pool, nxt), (nxt, q)
+
+    (pool, _), (xs, qs) = jax.lax.scan(step, (pool, x), (jnp.arange(1, uniforms.shape[1]), uniforms[:, 1:].swapaxes(0, 1)))
+    tokens = jnp.concatenate([x[:, None], xs.T], axis=1)
+    probs = jnp.concatenate([q[:, None], qs.swapaxes(0, 1)], axis=1)
+    return tokens, probs, pool
+
+
+def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, draft_tokens: jax.Array,
+                  attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
+    """One target pass over [last, x_1..x_G] at L..L+G -> distributions f32[B, G+1, V] and raw logits."""
+    block_size = pool[0][0].shape[1]
+    b, g = draft_tokens.shape
+    toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
+    pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
+    logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
+                           _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl)
+    logits = logits.reshape(b, g + 1, -1)
+    return _probs(logits, inputs.sampling), logits, pool
+
+
+def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
+               inputs: RoundInputs, *, target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
+               attention_impl: str = "auto") -> RoundOutputs:
+    """Draft γ tokens, verify them in one target pass, accept exactly, advance the state.
+
+    All of a row's randomness in the round comes from ``row_keys(seed, index, L + 1)``, so its
+    tokens do not depend on what else shares the batch. See the module docstring for the cache
+    invariant.
+    """
+    s = inputs.sampling
+    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size)
+    x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
+                                     attention_impl)
+    p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    tokens, n = rejection_sample(x, q, p, u, s.temperature <= 0)
+    n = jnp.where(inputs.active, n, 0)
+    rows = jnp.arange(n.shape[0])
+    prev = jnp.where(n == 0, inputs.last_tokens, x[rows, jnp.maximum(n - 1, 0)])
+    act = inputs.active
+    nxt = inputs.replace(positions=jnp.where(act, inputs.positions + n + 1, inputs.positions),
+                         prev_tokens=jnp.where(act, prev, inputs.prev_tokens),
+                         last_tokens=jnp.where(act, tokens[rows, n], inputs.last_tokens))
+    return RoundOutputs(tokens=tokens, num_accepted=n, next=nxt, target_pool=target_pool, draft_pool=draft_pool)

@@ -1,0 +1,156 @@
+"""The rejection sampler on its own: greedy rule, invariants, and exactness over >= 100k draws.
+
+Exactness (Leviathan et al. 2023, Theorem 1): whatever the draft distribution q, every emitted
+token is distributed as the target's p. Checked per position with context-free p_i, q_i (a row
+reaches position i only if it accepted the i earlier drafts; given that, token i ~ p_i), and over
+a two-round token stream with bigram (context-dependent) p and q.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_stats import assert_matches, assert_mismatch
+from jaxserve.spec.rejection import PAD_TOKEN, draw, probs_from_logits, rejection_sample
+
+V, G, N = 12, 3, 200_000  # every sampler call has this shape: one compile each
+
+
+@jax.jit
+def _sample(draft, q, p, u, greedy):
+    return rejection_sample(draft, q, p, u, greedy)
+
+
+@jax.jit
+def _uniforms(key):
+    return jax.random.uniform(key, (N, G + 1, V + 1), minval=jnp.finfo(jnp.float32).tiny)
+
+
+@jax.jit
+def _draft(q, u):
+    """Draft tokens i32[N, G] from q f32[N, G, V] with the round's uniforms, as spec_round draws them."""
+    return draw(q, u[:, :G, :-1])
+
+
+def _filtered(logits, top_k, top_p, temperature=1.0):
+    r = logits.shape[0]
+    return probs_from_logits(logits, jnp.full(r, temperature), jnp.full(r, top_k, jnp.int32), jnp.full(r, top_p))
+
+
+def _random_probs(rng, positions, scale=2.0):
+    return jax.nn.softmax(jnp.asarray(rng.normal(size=(N, positions, V)) * scale, jnp.float32))
+
+
+def test_greedy_accepts_while_draft_equals_target_argmax():
+    rng = np.random.default_rng(0)
+    p = _random_probs(rng, G + 1)
+    argmax = np.asarray(jnp.argmax(p, -1))
+    agree = rng.integers(0, G + 1, N)  # rows agree with the target on their first `agree` tokens
+    prefix = np.arange(G)[None] < agree[:, None]
+    draft = np.where(prefix, argmax[:, :G], (argmax[:, :G] + 1) % V)
+    q = _random_probs(rng, G)  # greedy rows ignore q
+    tokens, n = map(np.asarray, _sample(jnp.asarray(draft, jnp.int32), q, p, _uniforms(jax.random.key(0)),
+                                        jnp.ones(N, bool)))
+    np.testing.assert_array_equal(n, agree)
+    np.testing.assert_array_equal(np.where(prefix, tokens[:, :G], -7), np.where(prefix, draft, -7))
+    rows = np.arange(N)
+    np.testing.assert_array_equal(tokens[rows, agree], argmax[rows, agree])  # correction or bonus
+    assert ((tokens == PAD_TOKEN) == (np.arange(G + 1)[None] > agree[:, None])).all()
+
+
+def test_sampled_rows_keep_a_draft_prefix_and_correct_from_the_residual():
+    rng = np.random.default_rng(1)
+    p, q = _random_probs(rng, G + 1), _random_probs(rng, G)
+    u = _uniforms(jax.random.key(1))
+    draft = _draft(q, u)
+    greedy = rng.random(N) < 0.25  # greedy and sampled rows mixed in one batch
+    tokens, n = map(np.asarray, _sample(draft, q, p, u, jnp.asarray(greedy)))
+    draft, p, q = np.asarray(draft), np.asarray(p), np.asarray(q)
+    assert n.min() == 0 and n.max() == G  # acceptance differs per row
+    prefix = np.arange(G)[None] < n[:, None]
+    np.testing.assert_array_equal(np.where(prefix, tokens[:, :G], -7), np.where(prefix, draft, -7))
+    assert ((tokens == PAD_TOKEN) == (np.arange(G + 1)[None] > n[:, None])).all()
+    rows = np.arange(N)
+    last = tokens[rows, n]
+    q_pad = np.concatenate([q, np.zeros((N, 1, V), q.dtype)], 1)
+    resid = p[rows, n, last] - q_pad[rows, n, last]
+    sampled = ~greedy
+    assert (resid[sampled] > 0).all(), "a correction was drawn where p <= q"
+    argmax = p.argmax(-1)
+    np.testing.assert_array_equal(last[greedy], argmax[rows, n][greedy])
+    greedy_prefix = np.where(prefix, draft == argmax[:, :G], True)
+    assert greedy_prefix[greedy].all()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (6, 1.0), (0, 0.7), (8, 0.85)])
+def test_each_position_is_distributed_as_the_target(top_k, top_p):
+    rng = np.random.default_rng(2 + top_k)
+    target_logits = rng.normal(size=(G + 1, V)) * 1.5
+    draft_logits = target_logits[:G] + rng.normal(size=(G, V))  # related, so many rows reach the bonus
+    p1 = _filtered(jnp.asarray(target_logits, jnp.float32), top_k, top_p)  # f32[G+1, V]
+    q1 = _filtered(jnp.asarray(draft_logits, jnp.float32), top_k, top_p)
+    p = jnp.broadcast_to(p1, (N, G + 1, V))
+    q = jnp.broadcast_to(q1, (N, G, V))
+    u = _uniforms(jax.random.key(3))
+    draft = _draft(q, u)
+    tokens, n = map(np.asarray, _sample(draft, q, p, u, jnp.zeros(N, bool)))
+    p1, q1 = np.asarray(p1), np.asarray(q1)
+    for i in range(G + 1):
+        reached = n >= i
+        counts = np.bincount(tokens[reached, i], minlength=V)
+        assert reached.sum() > 40_000
+        assert_matches(counts, p1[i], max_tv=0.01)
+    assert_mismatch(np.bincount(np.asarray(draft)[:, 0], minlength=V), p1[0])  # q's own draws fail
+
+
+@jax.jit
+def _bigram_round(ctx, u, p_table, q_table):
+    """One round where the draft runs autoregressively on its own tokens and the target scores every prefix."""
+    xs, qs, c = [], [], ctx
+    for i in range(G):
+        qi = q_table[c]
+        c = draw(qi, u[:, i, :-1])
+        xs.append(c)
+        qs.append(qi)
+    draft = jnp.stack(xs, 1)
+    prev = jnp.concatenate([ctx[:, None], draft], 1)
+    return rejection_sample(draft, jnp.stack(qs, 1), p_table[prev], u, jnp.zeros(ctx.shape[0], bool))
+
+
+def test_token_stream_with_context_dependent_distributions():
+    """Two rounds from a bigram target/draft: the first two stream tokens are jointly ~ p(a|c) p(b|a)."""
+    rng = np.random.default_rng(5)
+    p_table = np.asarray(jax.nn.softmax(rng.normal(size=(V, V)) * 1.5))
+    q_table = np.asarray(jax.nn.softmax(rng.normal(size=(V, V)) * 1.5))  # unrelated draft
+    context = rng.integers(0, V, N)
+
+    p_dev, q_dev = jnp.asarray(p_table), jnp.asarray(q_table)
+
+    def round_from(ctx, key):
+        return map(np.asarray, _bigram_round(jnp.asarray(ctx), _uniforms(key), p_dev, q_dev))
+
+    tokens1, n1 = round_from(context, jax.random.key(6))
+    tokens2, _ = round_from(tokens1[:, 0], jax.random.key(7))
+    a = tokens1[:, 0]
+    b = np.where(n1 >= 1, tokens1[:, 1], tokens2[:, 0])
+    for c in range(V):
+        rows = context == c
+        joint = p_table[c][:, None] * p_table  # P(a, b | c)
+        counts = np.bincount(a[rows] * V + b[rows], minlength=V * V)
+        assert_matches(counts, joint, max_tv=0.1)  # ~17k rows per context: chi2 is the sharp check
+    expected_a = p_table[context].mean(0)
+    expected_b = (p_table[context] @ p_table).mean(0)
+    assert_matches(np.bincount(a, minlength=V), expected_a, max_tv=0.01)
+    assert_matches(np.bincount(b, minlength=V), expected_b, max_tv=0.01)
+
+
+def test_probs_from_logits_follows_the_sampling_settings():
+    rng = np.random.default_rng(8)
+    logits = jnp.asarray(rng.normal(size=(4, V)), jnp.float32)
+    probs = np.asarray(probs_from_logits(logits, jnp.array([0.0, 1.0, 0.5, 1.0]), jnp.array([0, 0, 0, 3]),
+                                         jnp.array([1.0, 1.0, 1.0, 1.0])))
+    np.testing.assert_array_equal(probs[0], np.eye(V)[int(jnp.argmax(logits[0]))])
+    np.testing.assert_allclose(probs[1], jax.nn.softmax(logits[1]), rtol=1e-6)
+    np.testing.assert_allclose(probs[2], jax.nn.softmax(logits[2] / 0.5), rtol=1e-6)
+    top3 = np.argsort(np.asarray(logits[3]))[-3:]
+    assert set(np.flatnonzero(probs[3])) == set(top3)
