@@ -6,9 +6,13 @@ Two program families, each over a small set of shape buckets:
 - decode: every sequence runs one token; shapes (B, M) with T = B;
 - mixed (prefill, chunked prefill, decode together): shapes (T, M) with B = max_num_seqs.
 The KV pool is donated to every call, so each layer's pages are updated in place.
-``num_compilations`` counts traces of the jitted functions (each trace is one compile).
+The jitted functions live at module level with the model config static, so every runner over
+the same config shares its compiled programs. ``num_compilations`` counts the traces (each one
+a compile) that this runner's calls caused.
 """
 from __future__ import annotations
+
+import functools
 
 from dataclasses import dataclass
 
@@ -44,15 +48,15 @@ class ModelRunner:
         self.config, self.params = config, params
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
-        self.seq_buckets = powers_of_two(1, max_num_seqs)
-        self.token_buckets = powers_of_two(16, max_num_batched_tokens)
-        self.page_buckets = powers_of_two(1, -(-max_model_len // block_size))
+        # Minimum buckets trade a little padded work for far fewer programs to compile.
+        self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
+        self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
+        max_pages = -(-max_model_len // block_size)
+        self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
         self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
                                          config.head_dim, jnp.dtype(config.dtype))
         self.attention_impl = attention_impl
         self.num_compilations = 0
-        self._step = jax.jit(self._step_fn, static_argnames=("decode_only",), donate_argnames=("kv_pool",))
-        self._copy = jax.jit(self._copy_fn, donate_argnames=("kv_pool",))
 
     @property
     def num_buckets(self) -> int:
@@ -60,18 +64,11 @@ class ModelRunner:
         pages = len(self.page_buckets)
         return pages * (len(self.seq_buckets) + len(self.token_buckets)) + len(self.seq_buckets)
 
-    def _step_fn(self, params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch,
-                 decode_only):
-        self.num_compilations += 1  # runs only while tracing
-        del decode_only  # carried statically in meta
-        logits, kv_pool = forward(params, self.config, tokens, positions, kv_pool, meta,
-                                  attention_impl=self.attention_impl, logits_indices=logits_indices)
-        toks, logprobs = sample(logits[sample_entry], sbatch)
-        return toks, logprobs, kv_pool
-
-    def _copy_fn(self, kv_pool, src, dst):
-        self.num_compilations += 1
-        return copy_blocks(kv_pool, src, dst)
+    def _counted(self, fn, *args, **kwargs):
+        before = _TRACES[0]
+        result = fn(*args, **kwargs)
+        self.num_compilations += _TRACES[0] - before
+        return result
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -80,7 +77,7 @@ class ModelRunner:
         src = np.zeros(n, np.int32)
         dst = np.full(n, -1, np.int32)
         src[: len(copies)], dst[: len(copies)] = zip(*copies)
-        self.pool = self._copy(self.pool, jnp.asarray(src), jnp.asarray(dst))
+        self.pool = self._counted(_copy, self.pool, jnp.asarray(src), jnp.asarray(dst))
 
     def execute(self, out: SchedulerOutput, rows: list[SampleRow]) -> tuple[np.ndarray, np.ndarray]:
         """Runs one scheduled step; returns (tokens i32[len(rows)], logprobs f32[len(rows)])."""
@@ -99,10 +96,30 @@ class ModelRunner:
                                  context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
         num_rows = bucket(len(rows), powers_of_two(1, max(len(rows), num_seqs)))
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
-        toks, logprobs, self.pool = self._step(self.params, self.pool, arrays["tokens"], arrays["positions"],
-                                               meta, arrays["last"], sample_entry, sbatch, decode_only=decode_only)
+        toks, logprobs, self.pool = self._counted(
+            _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
+            sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl)
         toks, logprobs = jax.device_get((toks, logprobs))
         return toks[: len(rows)], logprobs[: len(rows)]
+
+
+_TRACES = [0]  # incremented while tracing: one per compiled program
+
+
+@functools.partial(jax.jit, static_argnames=("config", "attention_impl"), donate_argnames=("kv_pool",))
+def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, *, config,
+          attention_impl):
+    _TRACES[0] += 1
+    logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
+                              attention_impl=attention_impl, logits_indices=logits_indices)
+    toks, logprobs = sample(logits[sample_entry], sbatch)
+    return toks, logprobs, kv_pool
+
+
+@functools.partial(jax.jit, donate_argnames=("kv_pool",))
+def _copy(kv_pool, src, dst):
+    _TRACES[0] += 1
+    return copy_blocks(kv_pool, src, dst)
 
 
 def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, jax.Array]:
