@@ -1,0 +1,42 @@
+"""Post-training weight quantization: a quantized params pytree and the matmul that reads it.
+
+    qparams = quantize_params(params, "nvfp4")          # Dense kernels [K, N] -> QuantizedTensor (along K)
+    quantization_report(params, qparams)                # bytes before/after, bits per quantized weight
+    with use_quantized_matmul("reference" | "pallas" | "auto", w4a4=False):
+        logits = forward_full(qparams, config, tokens)  # model code unchanged
+    jax.jit(quantized_apply(forward_full, "pallas"), static_argnums=1)(qparams, config, tokens)
+
+Defaults keep ``embed``, ``lm_head`` and MoE routers in float; MoE expert banks are not Dense
+kernels and stay in float. ``impl="auto"`` runs the Pallas kernel on GPU/TPU and the dequantize-
+then-dot reference on CPU (as ``attention_impl`` does); fp8 and int4 always take the reference path.
+
+Plugging into the engine (``LLM(..., quantization="nvfp4")``):
+
+1. Once, after loading and before building ``LLMEngine`` (``jaxserve/engine/llm.py``)::
+
+       params = quantize_params(params, quantization)   # host-side, one time
+
+   (for "mxfp4", pass ``scale_rule=...`` if wanted; ``kernel_plan`` lists what stays in float).
+2. In ``jaxserve/engine/runner.py``, run the ``forward(...)`` call inside the jitted ``_step`` under
+   the settings, and make the settings a static argument of ``_step`` (``MatmulSettings`` is a
+   frozen, hashable dataclass)::
+
+       @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), ...)
+       def _step(params, kv_pool, ..., *, config, attention_impl, quant=None):
+           with matmul_context(quant):          # nullcontext when quant is None
+               logits, kv_pool = forward(params, config, ...)
+
+   with ``ModelRunner(..., quant=MatmulSettings(impl="auto"))`` when quantized, None otherwise.
+   ``_step`` is one module-level jit shared by every runner: the settings must be in its static
+   arguments, because they are not in the params' treedef and a jit cache hit would otherwise
+   reuse a trace made under other settings (weights-only vs W4A4, pallas vs reference). Entering
+   the context outside ``_step``'s call is not enough for the same reason.
+"""
+from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, matmul_context, quantized_apply,
+                                   quantized_matmul, use_quantized_matmul)
+from jaxserve.quant.params import (DEFAULT_EXCLUDE, QuantizationReport, dequantize_params, is_quantized,
+                                   kernel_plan, quantization_report, quantize_params, weight_bytes)
+
+__all__ = ["DEFAULT_EXCLUDE", "IMPLS", "MatmulSettings", "QuantizationReport", "current_settings",
+           "dequantize_params", "is_quantized", "kernel_plan", "matmul_context", "quantization_report",
+           "quantize_params", "quantized_apply", "quantized_matmul", "use_quantized_matmul", "weight_bytes"]

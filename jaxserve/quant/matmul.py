@@ -1,0 +1,130 @@
+"""The quantized matmul, chosen without touching model code: a Flax method interceptor.
+
+Inside ``with use_quantized_matmul(impl):`` (or a function wrapped by ``quantized_apply``), every
+``nn.Dense.__call__`` whose ``kernel`` param is a ``QuantizedTensor`` computes
+``quantized_matmul(x, kernel) + bias`` instead of ``x @ kernel``; Dense layers holding float
+kernels, and everything else, run unchanged. The interceptor reads the kernel with
+``get_variable`` before Dense would, because ``Dense.__call__`` goes through ``self.param``, which
+checks the stored leaves against the float kernel's shape and so rejects a QuantizedTensor
+(``ScopeParamShapeError``): quantized params outside the context fail loudly, never silently.
+
+The choice happens when the model is traced. Under ``jax.jit`` enter the context inside the jitted
+function (wrap before jitting: ``jax.jit(quantized_apply(forward, ...))``): the settings are not
+part of jit's cache key, so one jitted function called under two different settings with params of
+the same structure would reuse the first trace.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_reference
+
+IMPLS = ("auto", "pallas", "reference")
+KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernel reads; fp8/int4 dequantize then dot
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulSettings:
+    impl: str = "auto"            # "pallas" | "reference" | "auto" (Pallas on GPU/TPU, reference on CPU)
+    w4a4: bool = False            # also fake-quantize activations to the weight's format
+    interpret: bool | None = None  # Pallas interpret mode; None: on CPU only
+    precision: str = "float32"    # Pallas products in "float32" or "bfloat16" (f32 accumulation either way)
+
+    def __post_init__(self):
+        if self.impl not in IMPLS:
+            raise ValueError(f"quantized matmul impl must be one of {IMPLS}, got {self.impl!r}")
+
+
+def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings = MatmulSettings(),
+                     out_dtype=None) -> jax.Array:
+    """x[..., K] (f32/bf16/f16) @ w[K, N] (QuantizedTensor along K) -> out_dtype[..., N] (default x.dtype).
+
+    "pallas" runs ``fp4_matmul`` for nvfp4/mxfp4 weights; "reference", and fp8/int4 weights under
+    any impl, run ``fp4_matmul_reference`` (dequantize, then a float32 dot).
+    """
+    if settings.w4a4 and w.fmt not in KERNEL_FORMATS:
+        raise ValueError(f"w4a4 emulation applies to {KERNEL_FORMATS} weights, got fmt={w.fmt!r}")
+    impl = settings.impl
+    if impl == "auto":
+        impl = "reference" if jax.default_backend() == "cpu" else "pallas"
+    if impl == "pallas" and w.fmt in KERNEL_FORMATS:
+        return fp4_matmul(x, w, interpret=settings.interpret, w4a4=settings.w4a4,
+                          precision=settings.precision, out_dtype=out_dtype)
+    return fp4_matmul_reference(x, w, w4a4=settings.w4a4, out_dtype=out_dtype)
+
+
+_state = threading.local()
+
+
+def current_settings() -> MatmulSettings | None:
+    """The innermost active ``use_quantized_matmul`` settings, or None outside any."""
+    stack = getattr(_state, "stack", [])
+    return stack[-1] if stack else None
+
+
+def _dense_interceptor(next_fun, args, kwargs, context):
+    m = context.module
+    if (context.method_name != "__call__" or not isinstance(m, nn.Dense)
+            or not m.has_variable("params", "kernel")):
+        return next_fun(*args, **kwargs)
+    kernel = m.get_variable("params", "kernel")
+    if not isinstance(kernel, QuantizedTensor):
+        return next_fun(*args, **kwargs)
+    x = args[0] if args else kwargs["inputs"]
+    if kernel.shape != (x.shape[-1], m.features):
+        raise ValueError(f"{'/'.join(m.scope.path)}: quantized kernel of shape {kernel.shape} does not fit "
+                         f"inputs {x.shape} -> {m.features} features")
+    dtype = m.dtype or jnp.result_type(x.dtype, jnp.dtype(kernel.dtype))
+    y = quantized_matmul(x.astype(dtype), kernel, current_settings(), out_dtype=dtype)
+    if m.use_bias:
+        y = y + m.get_variable("params", "bias").astype(dtype)
+    return y
+
+
+@contextlib.contextmanager
+def use_quantized_matmul(impl: str = "auto", *, w4a4: bool = False, interpret: bool | None = None,
+                         precision: str = "float32"):
+    """Within this context, Dense layers with QuantizedTensor kernels run ``quantized_matmul``.
+
+    Nested contexts: the innermost settings apply. Thread-local, like Flax's interceptor stack.
+    """
+    settings = MatmulSettings(impl, w4a4, interpret, precision)
+    stack = _state.__dict__.setdefault("stack", [])
+    outermost = not stack
+    stack.append(settings)
+    try:
+        if outermost:
+            with nn.intercept_methods(_dense_interceptor):
+                yield settings
+        else:
+            yield settings
+    finally:
+        stack.pop()
+
+
+def matmul_context(settings: MatmulSettings | None):
+    """``use_quantized_matmul`` with ``settings``, or a no-op context for None (unquantized models)."""
+    if settings is None:
+        return contextlib.nullcontext()
+    return use_quantized_matmul(settings.impl, w4a4=settings.w4a4, interpret=settings.interpret,
+                                precision=settings.precision)
+
+
+def quantized_apply(fn, impl: str = "auto", *, w4a4: bool = False, interpret: bool | None = None,
+                    precision: str = "float32"):
+    """``fn`` wrapped to run inside ``use_quantized_matmul(...)``; jit the result, not the other way round."""
+    MatmulSettings(impl, w4a4, interpret, precision)  # validate now, not at the first call
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with use_quantized_matmul(impl, w4a4=w4a4, interpret=interpret, precision=precision):
+            return fn(*args, **kwargs)
+
+    return wrapped
