@@ -66,6 +66,10 @@ class LLM:
                 bar.update(done)
         return [engine.finished.pop(i) for i in ids]
 
+    def warmup(self) -> int:
+        """Compiles every shape bucket now; returns how many programs that took."""
+        return self.engine.runner.warmup()
+
     def stats(self) -> dict:
         """KV blocks used/free/cached, prefix-cache hit rate, preemptions, compilations."""
         return self.engine.stats()

@@ -62,7 +62,7 @@ class ModelRunner:
     def num_buckets(self) -> int:
         """Upper bound on distinct step programs (plus copy programs)."""
         pages = len(self.page_buckets)
-        return pages * (len(self.seq_buckets) + len(self.token_buckets)) + len(self.seq_buckets)
+        return pages * (len(self.seq_buckets) + len(self.token_buckets)) + 1
 
     def _counted(self, fn, *args, **kwargs):
         before = _TRACES[0]
@@ -73,7 +73,7 @@ class ModelRunner:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
-        n = bucket(len(copies), powers_of_two(1, max(len(copies), self.max_num_seqs)))
+        n = bucket(len(copies), powers_of_two(self.max_num_seqs, len(copies)))  # one size in practice
         src = np.zeros(n, np.int32)
         dst = np.full(n, -1, np.int32)
         src[: len(copies)], dst[: len(copies)] = zip(*copies)
@@ -91,16 +91,32 @@ class ModelRunner:
         else:
             num_seqs = self.max_num_seqs
             num_tokens = bucket(out.num_batched_tokens, self.token_buckets)
-        arrays = _pack(entries, num_tokens, num_seqs, num_pages)
+        return self._run(_pack(entries, num_tokens, num_seqs, num_pages), rows, decode_only)
+
+    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool) -> tuple[np.ndarray, np.ndarray]:
         meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
                                  context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
-        num_rows = bucket(len(rows), powers_of_two(1, max(len(rows), num_seqs)))
+        num_seqs = arrays["tables"].shape[0]
+        num_rows = bucket(len(rows), powers_of_two(num_seqs, len(rows)))  # = num_seqs unless n>1 forks overflow
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
         toks, logprobs, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
             sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl)
         toks, logprobs = jax.device_get((toks, logprobs))
         return toks[: len(rows)], logprobs[: len(rows)]
+
+    def warmup(self) -> int:
+        """Compiles every bucket's program with all-padding batches (the pool is not written).
+
+        Returns the number of programs compiled; afterwards a workload compiles nothing new.
+        """
+        before = self.num_compilations
+        shapes = [(b, b, m, True) for b in self.seq_buckets for m in self.page_buckets]
+        shapes += [(t, self.max_num_seqs, m, False) for t in self.token_buckets for m in self.page_buckets]
+        for num_tokens, num_seqs, num_pages, decode_only in shapes:
+            self._run(_pack([], num_tokens, num_seqs, num_pages), [], decode_only)
+        self.copy_blocks([(0, 0)])  # a self-copy: harmless
+        return self.num_compilations - before
 
 
 _TRACES = [0]  # incremented while tracing: one per compiled program
