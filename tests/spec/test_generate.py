@@ -1,0 +1,231 @@
+"""speculative_generate against target_only_generate: greedy parity, stopping, metrics, compiles, jaxpr.
+
+Every call here shares one shape bucket (batch 4, prompt 16, output 16, γ 3) and one pair of
+configs, so the suite compiles each program once.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.spec import generate as gen
+from jaxserve.spec.generate import speculative_generate, target_only_generate
+from jaxserve.spec.metrics import summarize
+from jaxserve.spec.rejection import probs_from_logits
+from spec_stats import chi2_statistic, chi2_threshold
+
+GAMMA, MAX_TOKENS = 3, 16
+CONFIG = get_preset("tiny-llama").replace(vocab_size=16)
+LENS = np.array([11, 3, 7, 16])
+
+
+@jax.jit
+def perturbed(params, scale, seed):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(0))
+    return target, perturbed(target, 0.1, 1)  # a draft that agrees with the target about half the time
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return np.random.default_rng(0).integers(0, CONFIG.vocab_size, (4, 16))
+
+
+@pytest.fixture(scope="module")
+def reference(models, prompts):
+    tokens, n, _ = target_only_generate(models[0], CONFIG, prompts, LENS, max_tokens=MAX_TOKENS)
+    assert (np.asarray(n) == MAX_TOKENS).all()
+    return np.asarray(tokens)
+
+
+def spec(models, prompts, lens=LENS, draft=None, **kw):
+    target, default_draft = models
+    kw = {"gamma": GAMMA, "max_tokens": MAX_TOKENS, **kw}
+    tokens, n, metrics = speculative_generate(target, CONFIG, default_draft if draft is None else draft, CONFIG,
+                                              prompts, lens, **kw)
+    return np.asarray(tokens), np.asarray(n), metrics
+
+
+def test_greedy_speculative_equals_target_only(models, prompts, reference):
+    tokens, n, metrics = spec(models, prompts)
+    np.testing.assert_array_equal(tokens, reference)
+    np.testing.assert_array_equal(n, MAX_TOKENS)
+    accepted = np.asarray(metrics.accepted)
+    s = summarize(metrics)
+    assert 0.1 < s["acceptance_rate"] < 0.9, s  # partial acceptance, so rollback really happens
+    assert len(set(accepted.tolist())) > 1, accepted  # rows accept different amounts
+
+
+def _truncate(reference, eos, max_tokens):
+    out, counts = np.full_like(reference, -1), []
+    for r, row in enumerate(reference):
+        stop = int(max_tokens[r])
+        hits = np.flatnonzero(row[:stop] == eos)
+        stop = hits[0] + 1 if len(hits) else stop
+        out[r, :stop] = row[:stop]
+        counts.append(stop)
+    return out, np.array(counts)
+
+
+def test_eos_and_max_tokens_stop_mid_round(models, prompts, reference):
+    eos = int(reference[1, 6])  # appears mid-stream in row 1, maybe elsewhere too
+    max_tokens = np.array([5, 16, 10, 13])
+    expected, counts = _truncate(reference, eos, max_tokens)
+    assert counts.min() < MAX_TOKENS - GAMMA
+    tokens, n, metrics = spec(models, prompts, max_tokens=max_tokens, eos_token_id=eos)
+    base, base_n, _ = target_only_generate(models[0], CONFIG, prompts, LENS, max_tokens=max_tokens, eos_token_id=eos)
+    np.testing.assert_array_equal(n, counts)
+    np.testing.assert_array_equal(tokens[:, :counts.max()], expected[:, :counts.max()])
+    np.testing.assert_array_equal(np.asarray(base_n), counts)
+    np.testing.assert_array_equal(np.asarray(base)[:, :counts.max()], expected[:, :counts.max()])
+    # some row stopped inside a round: it was offered more tokens than it kept
+    offered = 1 + np.asarray(metrics.rounds) + np.asarray(metrics.accepted)
+    assert (offered > n).any() and (np.asarray(metrics.generated) == n).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_equal_to_target_accepts_everything(models, prompts, temperature):
+    target = models[0]
+    _, n, metrics = spec(models, prompts, draft=target, temperature=temperature, seeds=np.arange(4))
+    s = summarize(metrics)
+    assert s["acceptance_rate"] == 1.0 and s["mean_acceptance_length"] == GAMMA + 1, s
+    assert s["per_position_acceptance"] == [1.0] * GAMMA
+    rounds = -(-(MAX_TOKENS - 1) // (GAMMA + 1))  # the first token comes from the prefill
+    np.testing.assert_array_equal(np.asarray(metrics.rounds), rounds)
+    assert s["target_calls_per_token"] == (1 + rounds) / MAX_TOKENS
+
+
+def test_rows_are_independent_of_their_batch(models, prompts, reference):
+    """A row's tokens depend on its own seed only; greedy and sampled rows mix in one batch."""
+    temps, seeds = np.array([1.0, 0.0, 0.8, 1.0]), np.array([11, 12, 13, 14])
+    tokens, n, _ = spec(models, prompts, temperature=temps, seeds=seeds, top_k=np.array([0, 0, 5, 0]),
+                        top_p=np.array([1.0, 1.0, 1.0, 0.9]))
+    np.testing.assert_array_equal(tokens[1], reference[1])
+    order = np.array([3, 0, 2])  # a smaller batch (same bucket), rows moved
+    again, _, _ = spec(models, prompts[order], lens=LENS[order], temperature=temps[order], seeds=seeds[order],
+                       top_k=np.array([0, 0, 5]), top_p=np.array([0.9, 1.0, 1.0]))
+    np.testing.assert_array_equal(again, tokens[order])
+    other, _, _ = spec(models, prompts, temperature=temps, seeds=seeds + 1, top_k=np.array([0, 0, 5, 0]),
+                       top_p=np.array([1.0, 1.0, 1.0, 0.9]))
+    assert (other[[0, 2, 3]] != tokens[[0, 2, 3]]).any()
+
+
+def test_one_compile_per_bucket_and_gamma(models, prompts):
+    spec(models, prompts)
+    before = gen.TRACES["speculative"]
+    spec(models, prompts[:3], lens=np.array([16, 2, 9]), max_tokens=np.array([9, 3, 12]), temperature=0.7,
+         top_k=4, seeds=np.array([1, 2, 3]), eos_token_id=3)
+    spec(models, prompts[:, :9], lens=np.array([9, 1, 4, 5]), max_tokens=11, top_p=0.5)
+    assert gen.TRACES["speculative"] == before
+    # a new γ or batch bucket is a new program: trace it (without compiling) to show the count moves
+    for gamma, rows in [(2, 4), (GAMMA, 5)]:
+        arrays, static, _, _ = gen._prepare(CONFIG, CONFIG, np.resize(prompts, (rows, 16)), np.resize(LENS, rows),
+                                            gamma, MAX_TOKENS, 0.0, 0, 1.0, 0, None, 16)
+        jax.eval_shape(lambda a: gen._speculative_program(*models, **a, target_config=CONFIG, draft_config=CONFIG,
+                                                          attention_impl="auto", **static), arrays)
+    assert gen.TRACES["speculative"] == before + 2
+
+
+def _primitives(jaxpr, out):
+    for eqn in jaxpr.eqns:
+        out.append(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _primitives(inner, out)
+    return out
+
+
+@pytest.mark.parametrize("program", ["_speculative_program", "_target_only_program"])
+def test_one_while_loop_and_no_host_callbacks(models, prompts, program):
+    arrays, static, _, _ = gen._prepare(CONFIG, CONFIG, prompts, LENS, GAMMA, MAX_TOKENS, 1.0, 0, 1.0, 0, 5, 16)
+    fn = getattr(gen, program)
+    jaxpr = jax.make_jaxpr(lambda a: fn(*models, **a, target_config=CONFIG, draft_config=CONFIG,
+                                        attention_impl="auto", **static))(arrays)
+    names = _primitives(jaxpr.jaxpr, [])
+    assert names.count("while") == 1, sorted(set(names))
+    assert not [n for n in names if "callback" in n or "outfeed" in n or "infeed" in n]
+    assert "callback" not in str(jaxpr)
+
+
+def test_bad_inputs_raise_before_running(models, prompts):
+    with pytest.raises(ValueError, match=r"prompt_lens must lie in \[1, 16\]"):
+        spec(models, prompts, lens=np.array([0, 3, 7, 16]))
+    with pytest.raises(ValueError, match="gamma must be >= 1, got 0"):
+        spec(models, prompts, gamma=0)
+    with pytest.raises(ValueError, match="draft vocab_size 32 != target vocab_size 16"):
+        speculative_generate(models[0], CONFIG, models[1], CONFIG.replace(vocab_size=32), prompts, LENS)
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings 512"):
+        spec(models, prompts, max_tokens=500)
+
+
+TEMPS, TOP_K, TOP_P = np.array([0.1, 0.1, 1.0, 0.3]), np.array([0, 6, 0, 0]), np.array([1.0, 1.0, 0.8, 1.0])
+
+
+def _stream_pits(generate, target, calls):
+    """Randomised PIT values of every round-generated token under the target's exact conditionals.
+
+    If each token is drawn from p(. | prefix), the values F(t-1) + U p(t) are i.i.d. uniform on
+    [0, 1) (Rosenblatt), whatever the prompts, settings and acceptance pattern.
+    """
+    rng = np.random.default_rng(9)
+    seqs, starts, counts = [], [], []
+    for c in range(calls):
+        prompts = rng.integers(0, CONFIG.vocab_size, (4, 16))
+        lens = rng.integers(1, 17, 4)
+        tokens, n = generate(prompts, lens, seeds=np.arange(4) + 4 * c)
+        for r in range(4):
+            seqs.append(np.concatenate([prompts[r, :lens[r]], tokens[r, :n[r]]]))
+            starts.append(lens[r])
+            counts.append(n[r])
+    width = max(map(len, seqs))
+    batch = np.stack([np.pad(s, (0, width - len(s))) for s in seqs])
+    logits = np.asarray(jax.jit(forward_full, static_argnums=1)(target, CONFIG, jnp.asarray(batch, jnp.int32)))
+    pits = []
+    for i, (seq, start, n) in enumerate(zip(seqs, starts, counts)):
+        row = i % 4
+        at = np.arange(start, start + n - 1)  # logits at `at` predict the token at `at + 1`
+        probs = np.asarray(probs_from_logits(jnp.asarray(logits[i, at]), jnp.full(len(at), TEMPS[row]),
+                                             jnp.full(len(at), TOP_K[row]), jnp.full(len(at), TOP_P[row])),
+                           np.float64)
+        tok = seq[at + 1]
+        before = np.cumsum(probs, 1)[np.arange(len(at)), tok] - probs[np.arange(len(at)), tok]
+        pits.append(before + rng.random(len(at)) * probs[np.arange(len(at)), tok])
+    return np.concatenate(pits)
+
+
+def _uniformity(pits, bins=20):
+    counts = np.histogram(pits, bins=bins, range=(0, 1))[0]
+    return chi2_statistic(counts, np.full(bins, 1 / bins))
+
+
+def test_sampled_stream_follows_the_target_end_to_end(models, prompts):
+    """Temperature / top-k / top-p rows, a draft that is a different random model: tokens ~ target."""
+    target = models[0]
+    other = perturbed(jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(5)), 0.0, 0)
+
+    def spec_gen(p, lens, seeds):
+        tokens, n, _ = speculative_generate(target, CONFIG, other, CONFIG, p, lens, gamma=GAMMA,
+                                            max_tokens=MAX_TOKENS, temperature=TEMPS, top_k=TOP_K, top_p=TOP_P,
+                                            seeds=seeds)
+        return np.asarray(tokens), np.asarray(n)
+
+    def draft_only(p, lens, seeds):
+        tokens, n, _ = target_only_generate(other, CONFIG, p, lens, max_tokens=MAX_TOKENS, temperature=TEMPS,
+                                            top_k=TOP_K, top_p=TOP_P, seeds=seeds)
+        return np.asarray(tokens), np.asarray(n)
+
+    pits = _stream_pits(spec_gen, target, calls=60)
+    assert len(pits) > 3000
+    stat, df = _uniformity(pits)
+    assert stat < chi2_threshold(df), (stat, df)
+    bad, bad_df = _uniformity(_stream_pits(draft_only, target, calls=60))  # the check has power
+    assert bad > chi2_threshold(bad_df), bad
