@@ -167,3 +167,19 @@ def _ragged_exchange(send_x, send_id, compute, axis, e_local):
     recv_offsets = (jnp.cumsum(recv_sizes) - recv_sizes).astype(jnp.int32)
     back = a2a(out, jnp.zeros_like(flat_x), recv_offsets, recv_sizes, jnp.full((n,), me * cap, jnp.int32), sizes)
     return back.reshape(n, cap, h)
+
+
+def exchange_only(mesh: Mesh, expert_axis: str = "expert", data_axis: str = "data"):
+    """Jitted dispatch + combine alone (no routing, no experts), for timing the communication.
+
+    Takes the send buffers of all devices, f32[D * N, C, H] (D devices), split over the token axes;
+    returns what comes back after an all_to_all there and back: the same values.
+    """
+    require_axis(mesh, expert_axis)
+    spec = P(token_axes(mesh, (data_axis, expert_axis)))
+
+    def body(buf):
+        there = jax.lax.all_to_all(buf, expert_axis, 0, 0)
+        return jax.lax.all_to_all(there * 1.0, expert_axis, 0, 0)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
