@@ -10,7 +10,8 @@ from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.outputs import RequestOutput
 from jaxserve.models.loading import resolve_model
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
+from jaxserve.sampling_params import BeamSearchParams, SamplingParams
 
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
@@ -65,6 +66,12 @@ class LLM:
                 done = sum(t.finished for t in engine.step())
                 bar.update(done)
         return [engine.finished.pop(i) for i in ids]
+
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search per prompt; beams share KV blocks through fork and copy-on-write."""
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return beam_search(self.engine, prompts, params)
 
     def warmup(self) -> int:
         """Compiles every shape bucket now; returns how many programs that took."""

@@ -103,7 +103,7 @@ class LLMEngine:
                 sp, seed = e.sampling_params, self._seeds[e.request_id]
                 rows += [SampleRow(i, e.index + j, sp.temperature, sp.top_k, sp.top_p, seed, e.context_len)
                          for j in range(e.num_samples)]
-        toks, logprobs = self.runner.execute(out, rows)
+        toks, logprobs, _, _ = self.runner.execute(out, rows)
         sampled, k = {}, 0
         for e in out.scheduled:
             if e.sample:

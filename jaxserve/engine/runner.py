@@ -79,8 +79,9 @@ class ModelRunner:
         src[: len(copies)], dst[: len(copies)] = zip(*copies)
         self.pool = self._counted(_copy, self.pool, jnp.asarray(src), jnp.asarray(dst))
 
-    def execute(self, out: SchedulerOutput, rows: list[SampleRow]) -> tuple[np.ndarray, np.ndarray]:
-        """Runs one scheduled step; returns (tokens i32[len(rows)], logprobs f32[len(rows)])."""
+    def execute(self, out: SchedulerOutput, rows: list[SampleRow]) -> tuple[np.ndarray, ...]:
+        """Runs one scheduled step. Returns, for each row: the drawn token i32[R], its log-prob f32[R],
+        and the NUM_TOP_LOGPROBS most likely tokens' log-probs f32[R, k] and ids i32[R, k]."""
         self.copy_blocks(out.copies)
         entries = out.scheduled
         decode_only = all(len(e.token_ids) == 1 for e in entries)
@@ -93,17 +94,16 @@ class ModelRunner:
             num_tokens = bucket(out.num_batched_tokens, self.token_buckets)
         return self._run(_pack(entries, num_tokens, num_seqs, num_pages), rows, decode_only)
 
-    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool) -> tuple[np.ndarray, ...]:
         meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
                                  context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
         num_seqs = arrays["tables"].shape[0]
         num_rows = bucket(len(rows), powers_of_two(num_seqs, len(rows)))  # = num_seqs unless n>1 forks overflow
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
-        toks, logprobs, self.pool = self._counted(
+        results, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
             sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl)
-        toks, logprobs = jax.device_get((toks, logprobs))
-        return toks[: len(rows)], logprobs[: len(rows)]
+        return tuple(r[: len(rows)] for r in jax.device_get(results))
 
     def warmup(self) -> int:
         """Compiles every bucket's program with all-padding batches (the pool is not written).
@@ -120,6 +120,7 @@ class ModelRunner:
 
 
 _TRACES = [0]  # incremented while tracing: one per compiled program
+NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search uses 2 x beam_width)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl"), donate_argnames=("kv_pool",))
@@ -128,8 +129,10 @@ def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry
     _TRACES[0] += 1
     logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
                               attention_impl=attention_impl, logits_indices=logits_indices)
-    toks, logprobs = sample(logits[sample_entry], sbatch)
-    return toks, logprobs, kv_pool
+    logits = logits[sample_entry]
+    toks, logprobs = sample(logits, sbatch)
+    top_logprobs, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), min(NUM_TOP_LOGPROBS, logits.shape[-1]))
+    return (toks, logprobs, top_logprobs, top_ids), kv_pool
 
 
 @functools.partial(jax.jit, donate_argnames=("kv_pool",))

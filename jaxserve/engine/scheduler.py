@@ -230,6 +230,13 @@ class Scheduler:
         self.running.insert(self.running.index(seq) + 1, child)
         return child
 
+    def drop_sequence(self, seq_id: int) -> None:
+        """Ends one running sequence of a request and frees its blocks (beam pruning)."""
+        seq = self.seqs.get(seq_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING:
+            raise ValueError(f"sequence {seq_id} is not running")
+        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+
     def stats(self) -> dict[str, Any]:
         s = self.bm.stats()
         return {"num_waiting": len(self.waiting), "num_running": len(self.running),
