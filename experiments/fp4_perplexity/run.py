@@ -4,13 +4,16 @@
 
 Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults)
 and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
-format. Also reports the weight quantization error (pooled MSE/SQNR) of the same kernels.
-Writes results.json and RESULTS.md into cfg.out_dir.
+format. Also reports the quantization error (pooled MSE/SQNR) of the same kernels' weights and of
+their inputs (activations of the first batch of validation windows, float32 model).
+Writes results_<model>.json into cfg.out_dir, then RESULTS.md with one section per results_*.json there.
 """
 import dataclasses
 import datetime
+import glob
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -24,7 +27,7 @@ from config import get_config  # noqa: E402
 from jaxserve.config import apply_overrides  # noqa: E402
 from jaxserve.models.loading import resolve_model  # noqa: E402
 from jaxserve.quant import MatmulSettings, kernel_plan, quantization_report, quantize_params  # noqa: E402
-from jaxserve.quant.evaluate import perplexity, weight_error  # noqa: E402
+from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error  # noqa: E402
 from jaxserve.train.data import encode_split, windows  # noqa: E402
 from pallas_kernels.fp4.quant_error import VARIANTS  # noqa: E402
 
@@ -36,9 +39,16 @@ def measure_variant(name, config, params, val, cfg):
     report = quantization_report(params, qparams)
     plan = kernel_plan(params, fmt, **opts)
     row = perplexity(qparams, config, val, MatmulSettings(cfg.impl, w4a4=w4a4), cfg.batch_size)
-    return {**row, "variant": name, "bytes": report.bytes_after, "bits_per_weight": report.bits_per_quantized_weight,
-            "kernels": f"{report.num_quantized}/{len(plan)}",
-            "weight_error": None if w4a4 else weight_error(params, base)}
+    return {**row, "variant": name, "bytes": report.bytes_after, "bits_per_weight": report.bits_per_quantized_weight if report.num_quantized else float("nan"),
+            "kernels": f"{report.num_quantized}/{len(plan)}"}
+
+
+def measure_errors(config, params, val, cfg):
+    """Weight and activation quantization error of each base format of cfg.variants."""
+    inputs = dense_inputs(params, config, val[:cfg.batch_size, :-1])
+    names = dict.fromkeys(v.removesuffix("_w4a4") for v in cfg.variants)
+    return [{"variant": v, "weights": weight_error(params, v), "activations": activation_error(inputs, v)}
+            for v in names]
 
 
 def measure(cfg):
@@ -53,19 +63,23 @@ def measure(cfg):
         p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
         rows.append({**perplexity(p, c, val, None, cfg.batch_size), "variant": dtype,
                      "bytes": quantization_report(p, p).bytes_before, "bits_per_weight": 8 * jnp.dtype(dtype).itemsize,
-                     "kernels": "0", "weight_error": None})
+                     "kernels": "none"})
         print(rows[-1], flush=True)
     for name in cfg.variants:
         t = time.time()
         rows.append(measure_variant(name, config, params, val, cfg))
         print(f"{rows[-1]} ({time.time() - t:.0f} s)", flush=True)
-    return config, rows, len(val)
+    return config, rows, measure_errors(config, params, val, cfg), len(val)
 
 
-def markdown(rows, meta):
+def _fmt(x, spec):
+    return "n/a" if x != x else format(x, spec)  # NaN: the format selects nothing here
+
+
+def markdown(rows, errors, meta):
     ref = rows[0]["val_ppl"]
     lines = [
-        f"# Perplexity of {meta['model']} with quantized weights", "",
+        f"## {meta['model']}", "",
         f"Command: `{meta['command']}`  ",
         f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); quantized matmul impl "
         f"`{meta['impl']}`; {meta['val_tokens']} predicted tokens ({meta['num_windows']} validation windows of "
@@ -73,30 +87,43 @@ def markdown(rows, meta):
         "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and "
         "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
         "Dense call over the whole batch). bits/weight counts codes + block scales + tensor scale of the "
-        "quantized kernels; MB is the whole params pytree. Weight SQNR is pooled over the quantized kernels "
-        "(min over kernels in brackets).", "",
-        f"| variant | kernels | bits/weight | MB | val loss | val ppl | ppl vs {rows[0]['variant']} | "
-        "weight SQNR dB | weight MSE |", "|---|---|---|---|---|---|---|---|---|"]
+        "quantized kernels; MB is the whole params pytree.", "",
+        f"| variant | kernels | bits/weight | MB | val loss | val ppl | ppl vs {rows[0]['variant']} |",
+        "|---|---|---|---|---|---|---|"]
     for r in rows:
-        we = r["weight_error"]
-        err = (f"{we['sqnr_db']:.2f} ({we['min_sqnr_db']:.2f}) | {we['mse']:.3e}" if we and we["num_kernels"] else "| ")
-        lines.append(f"| {r['variant']} | {r['kernels']} | {r['bits_per_weight']:.3f} | {r['bytes'] / 1e6:.2f} | "
-                     f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {100 * (r['val_ppl'] / ref - 1):+.2f}% | {err} |")
+        lines.append(f"| {r['variant']} | {r['kernels']} | {_fmt(r['bits_per_weight'], '.3f')} | {r['bytes'] / 1e6:.2f} | "
+                     f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {100 * (r['val_ppl'] / ref - 1):+.2f}% |")
+    lines += ["", f"Quantization error on this model (pooled over the same kernels; activations: the inputs of "
+              f"those Dense layers on the first {meta['batch_size']} windows, quantized along K). "
+              "SQNR = 10 log10(sum x^2 / sum err^2); min over kernels in brackets.", "",
+              "| format | kernels | weight SQNR dB | weight MSE | activation SQNR dB | activation MSE |",
+              "|---|---|---|---|---|---|"]
+    for e in errors:
+        w, a = e["weights"], e["activations"]
+        lines.append(f"| {e['variant']} | {w['num_kernels']}/{w['num_dense_kernels']} | {_fmt(w['sqnr_db'], '.2f')} "
+                     f"({_fmt(w['min_sqnr_db'], '.2f')}) | {_fmt(w['mse'], '.3e')} | {_fmt(a['sqnr_db'], '.2f')} | "
+                     f"{_fmt(a['mse'], '.3e')} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv):
     cfg = apply_overrides(get_config(), argv)
-    config, rows, n = measure(cfg)
+    config, rows, errors, n = measure(cfg)
     meta = {"command": " ".join(["python", "experiments/fp4_perplexity/run.py"] + [shlex.quote(a) for a in argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "jax_version": jax.__version__, "backend": jax.default_backend(), "model": cfg.model, "impl": cfg.impl,
-            "num_windows": n, "seq_len": cfg.seq_len, "val_tokens": rows[0]["val_tokens"],
+            "num_windows": n, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "val_tokens": rows[0]["val_tokens"],
             "model_config": dataclasses.asdict(config)}
     os.makedirs(cfg.out_dir, exist_ok=True)
-    with open(os.path.join(cfg.out_dir, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    text = markdown(rows, meta)
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", cfg.model.strip("/"))
+    with open(os.path.join(cfg.out_dir, f"results_{slug}.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "errors": errors}, f, indent=2)
+    sections = []
+    for path in sorted(glob.glob(os.path.join(cfg.out_dir, "results_*.json"))):
+        with open(path) as f:
+            res = json.load(f)
+        sections.append(markdown(res["rows"], res["errors"], res["meta"]))
+    text = "# FP4 perplexity: float vs NVFP4 / MXFP4 / FP8 / INT4 weights (and W4A4)\n\n" + "\n".join(sections)
     with open(os.path.join(cfg.out_dir, "RESULTS.md"), "w") as f:
         f.write(text)
     print(text)

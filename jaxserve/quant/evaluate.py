@@ -7,12 +7,14 @@ from __future__ import annotations
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from jaxserve.config import ModelConfig
+from jaxserve.models import forward_full
 from jaxserve.quant.matmul import MatmulSettings, matmul_context
-from jaxserve.quant.params import DEFAULT_EXCLUDE, kernel_plan, QUANTIZE
+from jaxserve.quant.params import DEFAULT_EXCLUDE, QUANTIZE, kernel_plan, leaf_path, path_matches
 from jaxserve.train.step import token_nll
 from pallas_kernels.fp4.quant_error import VARIANTS, quantization_error
 
@@ -51,7 +53,7 @@ def weight_error(params, variant: str, *, include=None, exclude=DEFAULT_EXCLUDE)
     """
     fmt, opts = VARIANTS[variant]
     plan = kernel_plan(params, fmt, include=include, exclude=exclude, **opts)
-    leaves = {"/".join(str(k.key) for k in p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    leaves = {leaf_path(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     signal = noise = count = 0.0
     worst = (math.inf, "")
     for path, what in plan.items():
@@ -67,3 +69,45 @@ def weight_error(params, variant: str, *, include=None, exclude=DEFAULT_EXCLUDE)
     return {"mse": noise / count, "sqnr_db": 10 * math.log10(signal / noise), "min_sqnr_db": float(worst[0]),
             "min_sqnr_kernel": worst[1], "num_kernels": sum(v == QUANTIZE for v in plan.values()),
             "num_dense_kernels": len(plan)}
+
+
+def dense_inputs(params, config: ModelConfig, tokens) -> dict[str, np.ndarray]:
+    """The input f32[B*L, K] of every Dense layer in ``forward_full(params, config, tokens i32[B, L])``.
+
+    Keyed by module path (``layers_0/attn/q_proj``).
+    """
+    def run(params, tokens):
+        seen = {}
+
+        def record(next_fun, args, kwargs, context):
+            if isinstance(context.module, nn.Dense) and context.method_name == "__call__":
+                seen["/".join(context.module.scope.path)] = args[0] if args else kwargs["inputs"]
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record):
+            forward_full(params, config, tokens)
+        return seen
+
+    return {k: np.asarray(x, np.float32).reshape(-1, x.shape[-1]) for k, x in jax.jit(run)(params, tokens).items()}
+
+
+def activation_error(inputs: dict[str, np.ndarray], variant: str, exclude=DEFAULT_EXCLUDE) -> dict:
+    """Pooled MSE/SQNR of ``variant`` on Dense inputs f32[M, K] quantized along K, as W4A4 would.
+
+    Inputs of layers matching ``exclude`` (as in quantize_params), or whose K is not a multiple of
+    the variant's block size, are left out; ``num_inputs`` counts the rest.
+    """
+    signal = noise = count = 0.0
+    used = 0
+    for path, x in inputs.items():
+        if any(path_matches(path, pat) for pat in exclude):
+            continue
+        try:
+            e = quantization_error(x, variant, axis=-1)
+        except ValueError:  # K not a multiple of the block size
+            continue
+        x64 = x.astype(np.float64)
+        signal, noise, count, used = signal + np.sum(x64 * x64), noise + e["mse"] * x.size, count + x.size, used + 1
+    if not count:
+        return {"mse": math.nan, "sqnr_db": math.nan, "num_inputs": 0}
+    return {"mse": noise / count, "sqnr_db": 10 * math.log10(signal / noise), "num_inputs": used}

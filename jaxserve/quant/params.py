@@ -27,11 +27,13 @@ DEFAULT_EXCLUDE = ("embed", "lm_head", "router")
 QUANTIZE = "quantize"
 
 
-def _path_str(path) -> str:
+def leaf_path(path) -> str:
+    """A params key path as "layers_0/attn/q_proj/kernel"."""
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def _matches(path: str, pattern: str) -> bool:
+def path_matches(path: str, pattern: str) -> bool:
+    """The selection rule: pattern equals a component of the '/'-joined path, or globs the whole path."""
     return pattern in path.split("/") or fnmatch.fnmatchcase(path, pattern)
 
 
@@ -58,12 +60,12 @@ def kernel_plan(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, min_
     bs = _block_size(fmt, format_opts)
     plan = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        p = _path_str(path)
+        p = leaf_path(path)
         if not _is_kernel(p, leaf):
             continue
-        if include is not None and not any(_matches(p, pat) for pat in include):
+        if include is not None and not any(path_matches(p, pat) for pat in include):
             plan[p] = "not included"
-        elif any(_matches(p, pat) for pat in exclude):
+        elif any(path_matches(p, pat) for pat in exclude):
             plan[p] = "excluded"
         elif math.prod(leaf.shape) < min_size:
             plan[p] = f"smaller than min_size={min_size}"
@@ -86,7 +88,7 @@ def quantize_params(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, 
     plan = kernel_plan(params, fmt, include=include, exclude=exclude, min_size=min_size, **format_opts)
 
     def one(path, leaf):
-        if plan.get(_path_str(path)) != QUANTIZE:
+        if plan.get(leaf_path(path)) != QUANTIZE:
             return leaf
         return quantize(leaf, fmt, axis=0, **format_opts)
 

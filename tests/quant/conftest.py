@@ -1,11 +1,15 @@
-"""A tiny Llama with biases (random, so a dropped bias shows) and its NVFP4 params, built once per session."""
+"""A tiny Llama with biases (random, so a dropped bias shows) and its NVFP4 params, built once per session.
+
+Params are drawn with numpy over ``param_shapes``: compiling ``init_params`` costs more than the tests.
+"""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.models import get_preset, init_params
+from jaxserve.models import get_preset, param_shapes
 from jaxserve.quant import quantize_params
 
 
@@ -17,9 +21,12 @@ def config():
 @pytest.fixture(scope="session")
 def params(config):
     rng = np.random.default_rng(0)
-    p = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: x + rng.normal(0, 0.02, x.shape).astype(x.dtype) if path[-1].key == "bias" else x, p)
+
+    def draw(path, s):
+        if path[-1].key == "scale":  # RMSNorm
+            return jnp.asarray(1 + rng.normal(0, 0.1, s.shape), s.dtype)
+        return jnp.asarray(rng.normal(0, 0.02, s.shape), s.dtype)
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from jaxserve.cache.kv_pool import init_kv_pool
 from jaxserve.models import AttentionMetadata, forward, forward_full
 from jaxserve.quant import (MatmulSettings, current_settings, dequantize_params, quantize_params, quantized_apply,
                             quantized_matmul, use_quantized_matmul)
-from jaxserve.quant.evaluate import perplexity, weight_error
+from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.step import evaluate
 from pallas_kernels.fp4 import dequantize
 from pallas_kernels.fp4.quant_error import quantization_error
@@ -99,3 +99,13 @@ def test_weight_error_pools_the_selected_kernels(params):
     assert one["num_kernels"] == 1 and one["mse"] == pytest.approx(want["mse"], rel=1e-9)
     assert one["sqnr_db"] == pytest.approx(want["sqnr_db"], rel=1e-9) == one["min_sqnr_db"]
     assert np.isnan(weight_error(params, "int4_g128")["sqnr_db"])  # K = 64, 176: no 128-groups
+
+
+def test_dense_inputs_and_activation_error(config, params, tokens):
+    inputs = dense_inputs(params, config, tokens)
+    assert len(inputs) == 15 and inputs["layers_1/mlp/down_proj"].shape == (16, 176)
+    np.testing.assert_array_equal(inputs["layers_0/attn/q_proj"], inputs["layers_0/attn/v_proj"])  # same normed x
+    x = inputs["layers_1/attn/o_proj"]
+    got = activation_error({"layers_1/attn/o_proj": x, "lm_head": 100 * x}, "nvfp4")  # lm_head excluded
+    want = quantization_error(x, "nvfp4", axis=-1)
+    assert got["num_inputs"] == 1 and got["sqnr_db"] == pytest.approx(want["sqnr_db"], rel=1e-9)
