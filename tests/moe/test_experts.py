@@ -4,20 +4,29 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.moe.experts import capacity_experts, expert_capacity, ragged_experts
+from jaxserve.moe import experts as ex
 
 T, H, I, E, K = 24, 16, 12, 6, 2
+# jitted: eager dispatch compiles every op on its own, several times slower on CPU
+ragged_experts = jax.jit(ex.ragged_experts)
+capacity_experts = jax.jit(ex.capacity_experts, static_argnames="capacity_factor")
+expert_capacity = ex.expert_capacity
 
 
-def problem(seed):
-    ks = jax.random.split(jax.random.key(seed), 5)
+@jax.jit
+def _problem(key):
+    ks = jax.random.split(key, 5)
     x = jax.random.normal(ks[0], (T, H))
     w = [0.3 * jax.random.normal(k, s) for k, s in zip(ks[1:4], [(E, H, I), (E, H, I), (E, I, H)])]
     experts = jnp.argsort(jax.random.uniform(ks[4], (T, E)), axis=1)[:, :K]  # distinct per token
-    gates = jax.nn.softmax(jax.random.normal(ks[4], (T, K)))
-    return x, experts, gates, w
+    return x, experts, jax.nn.softmax(jax.random.normal(ks[4], (T, K))), w
 
 
+def problem(seed):
+    return _problem(jax.random.key(seed))
+
+
+@jax.jit
 def dense_reference(x, experts, gates, wg, wu, wd):
     every = jnp.einsum("teh,ehi->tei", jnp.broadcast_to(x[:, None], (T, E, H)), wg)
     up = jnp.einsum("th,ehi->tei", x, wu)
