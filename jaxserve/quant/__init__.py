@@ -26,11 +26,17 @@ Plugging into the engine (``LLM(..., quantization="nvfp4")``):
            with matmul_context(quant):          # nullcontext when quant is None
                logits, kv_pool = forward(params, config, ...)
 
-   with ``ModelRunner(..., quant=MatmulSettings(impl="auto"))`` when quantized, None otherwise.
-   ``_step`` is one module-level jit shared by every runner: the settings must be in its static
-   arguments, because they are not in the params' treedef and a jit cache hit would otherwise
-   reuse a trace made under other settings (weights-only vs W4A4, pallas vs reference). Entering
-   the context outside ``_step``'s call is not enough for the same reason.
+   with ``ModelRunner(..., quant=MatmulSettings(impl="auto"))`` when quantized, None otherwise,
+   passed on as ``_step(..., quant=self.quant)``. ``_step`` is one module-level jit shared by every
+   runner, and the settings are not in the params' treedef (an nvfp4 tree looks the same for
+   weights-only and W4A4, pallas and reference): without the static argument, a cache hit would
+   reuse a trace made under other settings. tests/quant checks this pattern
+   (``test_settings_as_a_static_argument_keep_jit_traces_apart``).
+
+Checked by hand (2026-11-29, CPU): ``LLM.from_params(config, quantize_params(params, "nvfp4"))``
+generating inside ``with use_quantized_matmul("reference"):`` gives the same greedy tokens as the
+engine on ``dequantize_params(...)`` of those params: the engine passes the QuantizedTensor pytree
+through its jit, donation and buckets unchanged.
 """
 from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, matmul_context, quantized_apply,
                                    quantized_matmul, use_quantized_matmul)

@@ -1,4 +1,6 @@
 """The model runs its quantized params through the chosen matmul, with model code unchanged."""
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -7,8 +9,8 @@ import pytest
 
 from jaxserve.cache.kv_pool import init_kv_pool
 from jaxserve.models import AttentionMetadata, forward, forward_full
-from jaxserve.quant import (MatmulSettings, current_settings, dequantize_params, quantize_params, quantized_apply,
-                            quantized_matmul, use_quantized_matmul)
+from jaxserve.quant import (MatmulSettings, current_settings, dequantize_params, matmul_context, quantize_params,
+                            quantized_apply, quantized_matmul, use_quantized_matmul)
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.step import evaluate
 from pallas_kernels.fp4 import dequantize
@@ -109,3 +111,16 @@ def test_dense_inputs_and_activation_error(config, params, tokens):
     got = activation_error({"layers_1/attn/o_proj": x, "lm_head": 100 * x}, "nvfp4")  # lm_head excluded
     want = quantization_error(x, "nvfp4", axis=-1)
     assert got["num_inputs"] == 1 and got["sqnr_db"] == pytest.approx(want["sqnr_db"], rel=1e-9)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "quant"))
+def _engine_like_step(params, tokens, *, config, quant):
+    with matmul_context(quant):
+        return forward_full(params, config, tokens)
+
+
+def test_settings_as_a_static_argument_keep_jit_traces_apart(config, nvfp4_params, tokens, reference_logits):
+    """The integration the engine should use: one shared jit, settings in its static arguments."""
+    weights_only = _engine_like_step(nvfp4_params, tokens, config=config, quant=MatmulSettings("reference"))
+    w4a4 = _engine_like_step(nvfp4_params, tokens, config=config, quant=MatmulSettings("reference", w4a4=True))
+    assert _rel(weights_only, reference_logits) < 1e-6 and _rel(w4a4, reference_logits) > 1e-3
