@@ -58,6 +58,8 @@ def kernel_plan(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, min_
     """Every Dense kernel's path -> ``"quantize"`` or the reason it stays in float."""
     _validate_format(fmt, format_opts)
     bs = _block_size(fmt, format_opts)
+    include = (include,) if isinstance(include, str) else include
+    exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     plan = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         p = leaf_path(path)
@@ -82,7 +84,7 @@ def quantize_params(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, 
 
     fmt: "nvfp4" | "mxfp4" | "fp8" | "int4"; format_opts as ``pallas_kernels.fp4.quantize``
     (``scale_rule`` for mxfp4, ``scaling`` for fp8, ``group_size`` for int4). include / exclude:
-    path patterns (see the module docstring); min_size: smallest kernel (elements) to quantize.
+    path patterns or one pattern (see the module docstring); min_size: smallest kernel (elements) to quantize.
     Raises ValueError for an unknown format or option. Run the result through ``use_quantized_matmul``.
     """
     plan = kernel_plan(params, fmt, include=include, exclude=exclude, min_size=min_size, **format_opts)
