@@ -47,6 +47,8 @@ class ModelConfig:
     num_experts_per_tok: int = 2  # top-k
     moe_intermediate_size: int = 0  # per-expert SwiGLU width; 0: intermediate_size
     num_shared_experts: int = 0  # always-on experts of moe_intermediate_size each (DeepSeek, Qwen-style)
+    shared_expert_intermediate_size: int = 0  # their total width; 0: num_shared_experts * expert width
+    shared_expert_gate: bool = False  # Qwen2-MoE: shared output times sigmoid(x @ w), w [hidden, 1]
     router: str = "mixtral"  # mixtral | qwen3_moe | deepseek_v3
     norm_topk_prob: bool = True  # renormalise the chosen gates to sum to 1 (qwen3_moe, deepseek_v3)
     routed_scaling_factor: float = 1.0  # deepseek_v3: gates times this
@@ -73,7 +75,8 @@ class ModelConfig:
         _require(e > 0, f"ModelConfig.num_experts must be >= 0, got {e}")
         _require(1 <= k <= e, f"ModelConfig.num_experts_per_tok={k} must be in [1, num_experts={e}]")
         _require(self.router in ROUTERS, f"ModelConfig.router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("moe_intermediate_size", "num_shared_experts", "first_k_dense", "moe_capacity_factor"):
+        for name in ("moe_intermediate_size", "num_shared_experts", "shared_expert_intermediate_size",
+                     "first_k_dense", "moe_capacity_factor"):
             _require(getattr(self, name) >= 0, f"ModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         _require(self.moe_layer_freq >= 1, f"ModelConfig.moe_layer_freq must be >= 1, got {self.moe_layer_freq}")
         _require(self.routed_scaling_factor > 0,
@@ -96,6 +99,13 @@ class ModelConfig:
     @property
     def expert_intermediate_size(self) -> int:
         return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def shared_intermediate_size(self) -> int:
+        """Width of the one SwiGLU holding all shared experts (0: none)."""
+        if not self.num_shared_experts:
+            return 0
+        return self.shared_expert_intermediate_size or self.num_shared_experts * self.expert_intermediate_size
 
     @property
     def q_per_kv(self) -> int:

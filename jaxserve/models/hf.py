@@ -1,7 +1,7 @@
 """Hugging Face import: a local directory (config.json + *.safetensors) -> (ModelConfig, params).
 
 Only local paths are read; nothing here touches the network. Supported ``model_type``s: llama,
-qwen2, qwen3, and the MoE families mixtral and qwen3_moe (per-expert HF tensors are stacked into
+qwen2, qwen3, and the MoE families mixtral, qwen2_moe and qwen3_moe (per-expert HF tensors are stacked into
 the ``[E, ...]`` expert weights). Every HF tensor is mapped by name onto the params pytree built
 from the config, so a missing tensor, an unexpected one or a shape mismatch is an error that names the tensor.
 """
@@ -19,7 +19,7 @@ from safetensors import safe_open
 from jaxserve.config import ModelConfig
 from jaxserve.models.transformer import param_shapes
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 _MOE_BLOCK = {"mixtral": "block_sparse_moe"}  # HF module holding the MoE layer's tensors; default "mlp"
 _EXPERT_LEAF = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}}
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
@@ -55,8 +55,8 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=True if model_type == "qwen2" else bias,
-        o_bias=False if model_type == "qwen2" else bias,
+        qkv_bias=True if model_type == "qwen2" else bool(hf.get("qkv_bias", bias)),
+        o_bias=False if model_type in ("qwen2", "qwen2_moe") else bias,
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         dtype=dtype,
         bos_token_id=hf.get("bos_token_id"),
@@ -71,13 +71,15 @@ def _moe_fields(model_type: str, hf: dict) -> dict:
             raise ValueError(f"unsupported: sliding_window={hf['sliding_window']} in config.json")
         return dict(num_experts=hf["num_local_experts"], num_experts_per_tok=hf["num_experts_per_tok"],
                     moe_intermediate_size=hf["intermediate_size"], router="mixtral")
-    if model_type == "qwen3_moe":
+    if model_type in ("qwen2_moe", "qwen3_moe"):
         if hf.get("mlp_only_layers"):
             raise ValueError(f"unsupported: mlp_only_layers={hf['mlp_only_layers']} in config.json")
+        shared = dict(num_shared_experts=1, shared_expert_gate=True,
+                      shared_expert_intermediate_size=hf["shared_expert_intermediate_size"])
         return dict(num_experts=hf.get("num_experts") or hf["num_local_experts"],
                     num_experts_per_tok=hf["num_experts_per_tok"], moe_intermediate_size=hf["moe_intermediate_size"],
                     router="qwen3_moe", norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-                    moe_layer_freq=hf.get("decoder_sparse_step", 1))
+                    moe_layer_freq=hf.get("decoder_sparse_step", 1), **(shared if model_type == "qwen2_moe" else {}))
     return {}
 
 
@@ -99,11 +101,12 @@ def hf_tensor_name(path: tuple[str, ...], model_type: str = "llama") -> tuple[st
         return f"{prefix}.{name}.weight", False
     if path[1] == "mlp" and len(path) == 3:  # MoE block: router and stacked experts
         block = f"{prefix}.{_MOE_BLOCK.get(model_type, 'mlp')}"
-        if path[2] == "router":
-            return f"{block}.gate.weight", True
+        if path[2] in ("router", "shared_gate"):
+            return f"{block}.{'gate' if path[2] == 'router' else 'shared_expert_gate'}.weight", True
         return f"{block}.experts.{{e}}.{_EXPERT_LEAF.get(model_type, {}).get(path[2], path[2])}.weight", True
-    if path[1] == "mlp" and path[2] == "shared_experts":
-        return f"{prefix}.mlp.shared_experts.{path[3]}.weight", True
+    if path[1] == "mlp" and path[2] == "shared_experts":  # qwen2_moe: one "shared_expert"
+        shared = "shared_expert" if model_type == "qwen2_moe" else "shared_experts"
+        return f"{prefix}.mlp.{shared}.{path[3]}.weight", True
     block = {"attn": "self_attn", "mlp": "mlp"}[path[1]]
     leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[path[3]]
     return f"{prefix}.{block}.{path[2]}.{leaf}", path[3] == "kernel"

@@ -4,8 +4,9 @@ Axis names: T tokens, H hidden size, I expert intermediate size, E experts, k ex
 
 Params of one block (``layers_i/mlp`` in the model tree):
 ``router`` [H, E], ``gate_proj``/``up_proj`` [E, H, I], ``down_proj`` [E, I, H], and when
-``num_shared_experts > 0`` a ``shared_experts`` SwiGLU of width ``num_shared_experts * I`` that
-every token passes through (DeepSeek / Qwen style), added to the routed output.
+``num_shared_experts > 0`` a ``shared_experts`` SwiGLU (width ``shared_intermediate_size``) that
+every token passes through (DeepSeek / Qwen3 style), added to the routed output; with
+``shared_expert_gate`` (Qwen2-MoE) it is scaled per token by sigmoid(x @ ``shared_gate`` [H, 1]).
 
 The selection bias of loss-free balancing is read from the ``"router_state"`` collection
 (see ``jaxserve/moe/balancing.py``); when the caller passes none, it is zero. The block accepts
@@ -45,9 +46,16 @@ def routed_experts(weights: dict, config: ModelConfig, x: jax.Array,
 
 
 def shared_experts(config: ModelConfig, name: str | None = None) -> SwiGLU:
-    """The always-on experts as one SwiGLU (apply it with ``{"params": weights["shared_experts"]}``)."""
-    return SwiGLU(config.hidden_size, config.num_shared_experts * config.expert_intermediate_size,
-                  jnp.dtype(config.dtype), name=name)
+    """The always-on experts as one SwiGLU module."""
+    return SwiGLU(config.hidden_size, config.shared_intermediate_size, jnp.dtype(config.dtype), name=name)
+
+
+def shared_output(weights: dict, config: ModelConfig, x: jax.Array) -> jax.Array:
+    """Shared experts of a block's params ``weights`` on x [T, H] -> [T, H] (gated when configured)."""
+    y = shared_experts(config).apply({"params": weights["shared_experts"]}, x)
+    if config.shared_expert_gate:
+        y = y * jax.nn.sigmoid(x @ weights["shared_gate"])
+    return y
 
 
 class MoEBlock(nn.Module):
@@ -65,7 +73,10 @@ class MoEBlock(nn.Module):
         y, stats = routed_experts(weights, c, flat, self._selection_bias(e))
         self.sow("moe_stats", "stats", stats)
         if c.num_shared_experts:
-            y = y + shared_experts(c, "shared_experts")(flat)
+            shared = shared_experts(c, "shared_experts")(flat)
+            if c.shared_expert_gate:
+                shared = shared * jax.nn.sigmoid(flat @ self.param("shared_gate", _INIT, (h, 1), dt))
+            y = y + shared
         return y.reshape(x.shape), stats
 
     def _selection_bias(self, num_experts: int) -> jax.Array | None:

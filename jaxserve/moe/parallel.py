@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxserve.config import ModelConfig
 from jaxserve.moe.balancing import expert_load
 from jaxserve.moe.experts import grouped_swiglu
-from jaxserve.moe.layer import router_logits, shared_experts
+from jaxserve.moe.layer import router_logits, shared_output
 from jaxserve.moe.routers import route
 from jaxserve.parallel.mesh import require_axis
 from jaxserve.parallel.sharding import token_axes
@@ -123,7 +123,7 @@ def _local_moe(weights, x, bias, *, config: ModelConfig, axis: str, token_axes, 
     rows = back[dest, jnp.minimum(slot, capacity - 1)]  # [A, H]
     y = jnp.zeros_like(x).at[token].add(rows * (r.gates.reshape(-1) * kept)[:, None].astype(x.dtype))
     if config.num_shared_experts:
-        y = y + shared_experts(config).apply({"params": weights["shared_experts"]}, x)
+        y = y + shared_output(weights, config, x)
     load = jax.lax.psum(expert_load(r.experts, config.num_experts), token_axes)
     dropped = jax.lax.psum(jnp.sum(~kept).astype(jnp.int32), token_axes)
     return y, load, dropped

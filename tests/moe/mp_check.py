@@ -15,7 +15,8 @@ from jaxserve.config import ModelConfig  # noqa: E402
 from jaxserve.parallel import distributed, make_mesh  # noqa: E402
 
 CONFIG = ModelConfig(hidden_size=16, intermediate_size=24, num_experts=4, num_experts_per_tok=2,
-                     num_shared_experts=1, router="qwen3_moe")
+                     num_shared_experts=1, shared_expert_intermediate_size=20, shared_expert_gate=True,
+                     router="qwen3_moe")  # Qwen2-MoE-style gated shared expert
 
 
 def main(process_id: int, num_processes: int, port: int):

@@ -1,4 +1,4 @@
-"""Logits parity with Hugging Face transformers on tiny random Mixtral and Qwen3-MoE (float32)."""
+"""Logits parity with Hugging Face transformers on tiny random Mixtral, Qwen3-MoE and Qwen2-MoE (float32)."""
 import json
 
 import numpy as np
@@ -26,6 +26,10 @@ CASES = {
     "qwen3_moe": (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig,
                   dict(intermediate_size=80, moe_intermediate_size=32, num_hidden_layers=2, num_experts=6,
                        num_experts_per_tok=3, decoder_sparse_step=2, norm_topk_prob=False, head_dim=24)),
+    # sigmoid-gated shared expert of its own width, q/k/v biases
+    "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig,
+                  dict(intermediate_size=80, moe_intermediate_size=32, shared_expert_intermediate_size=40,
+                       num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)),
 }
 
 
@@ -35,7 +39,7 @@ def make_hf_model(case, seed=0):
     model = cls(config_cls(**COMMON, **extra)).eval()
     with torch.no_grad():  # norms start at one and the router at zero in HF: randomise both
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
             if name.endswith("gate.weight"):
                 p.normal_(0.0, 0.5)
