@@ -6,7 +6,7 @@ import dataclasses
 class PerplexityConfig:
     model: str = "jaxserve/tiny-code"  # zoo name or jaxserve checkpoint directory (needs tokenizer.json)
     seq_len: int = 256                 # validation windows of seq_len + 1 tokens (the zoo's EVAL_SEQ_LEN)
-    num_windows: int = 32              # the first num_windows validation windows (0: all)
+    num_windows: int = 128             # the first num_windows validation windows (0: all; the zoo cards use 128)
     batch_size: int = 8
     impl: str = "reference"            # quantized matmul: "reference" (dequantize + f32 dot), "pallas", "auto"
     # pallas_kernels.fp4.quant_error.VARIANTS keys; a "_w4a4" suffix also fake-quantizes activations

@@ -20,6 +20,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from config import get_config  # noqa: E402
@@ -64,11 +65,11 @@ def measure(cfg):
         rows.append({**perplexity(p, c, val, None, cfg.batch_size), "variant": dtype,
                      "bytes": quantization_report(p, p).bytes_before, "bits_per_weight": 8 * jnp.dtype(dtype).itemsize,
                      "kernels": "none"})
-        print(rows[-1], flush=True)
+        print({k: v for k, v in rows[-1].items() if k != "window_loss"}, flush=True)
     for name in cfg.variants:
         t = time.time()
         rows.append(measure_variant(name, config, params, val, cfg))
-        print(f"{rows[-1]} ({time.time() - t:.0f} s)", flush=True)
+        print({k: v for k, v in rows[-1].items() if k != "window_loss"}, f"({time.time() - t:.0f} s)", flush=True)
     return config, rows, measure_errors(config, params, val, cfg), len(val)
 
 
@@ -88,11 +89,16 @@ def markdown(rows, errors, meta):
         "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
         "Dense call over the whole batch). bits/weight counts codes + block scales + tensor scale of the "
         "quantized kernels; MB is the whole params pytree.", "",
-        f"| variant | kernels | bits/weight | MB | val loss | val ppl | ppl vs {rows[0]['variant']} |",
-        "|---|---|---|---|---|---|---|"]
+        f"Δ loss is paired against {rows[0]['variant']} on the same windows: mean ± 2 standard errors of the "
+        "per-window difference.", "",
+        f"| variant | kernels | bits/weight | MB | val loss | Δ loss | val ppl | ppl vs {rows[0]['variant']} |",
+        "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        d = np.asarray(r["window_loss"]) - np.asarray(rows[0]["window_loss"])
+        se = d.std(ddof=1) / np.sqrt(d.size) if d.size > 1 else float("nan")
         lines.append(f"| {r['variant']} | {r['kernels']} | {_fmt(r['bits_per_weight'], '.3f')} | {r['bytes'] / 1e6:.2f} | "
-                     f"{r['val_loss']:.4f} | {r['val_ppl']:.3f} | {100 * (r['val_ppl'] / ref - 1):+.2f}% |")
+                     f"{r['val_loss']:.4f} | {d.mean():+.4f} ± {_fmt(2 * se, '.4f')} | {r['val_ppl']:.3f} | "
+                     f"{100 * (r['val_ppl'] / ref - 1):+.2f}% |")
     lines += ["", f"Quantization error on this model (pooled over the same kernels; activations: the inputs of "
               f"those Dense layers on the first {meta['batch_size']} windows, quantized along K). "
               "SQNR = 10 log10(sum x^2 / sum err^2); min over kernels in brackets.", "",

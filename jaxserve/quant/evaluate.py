@@ -33,15 +33,19 @@ def perplexity(params, config: ModelConfig, windows: np.ndarray, settings: Matmu
                batch_size: int = 8) -> dict:
     """Mean next-token NLL and perplexity over windows i32[W, L]; quantized params need ``settings``.
 
-    Same definition as ``jaxserve.train.step.evaluate`` (float64 accumulation on the host).
+    Same definition as ``jaxserve.train.step.evaluate`` (float64 accumulation on the host), plus
+    ``window_loss``: the mean NLL of each window (for paired comparisons between variants).
     """
-    fn, total, n = _row_nll(config, settings), 0.0, 0
+    fn, rows = _row_nll(config, settings), []
     for i in range(0, len(windows), batch_size):
         chunk = windows[i:i + batch_size]
         padded = np.resize(chunk, (batch_size,) + chunk.shape[1:])  # one compiled shape
-        total += float(np.asarray(fn(params, padded), np.float64)[:len(chunk)].sum())
-        n += chunk.shape[0] * (chunk.shape[1] - 1)
-    return {"val_loss": total / n, "val_ppl": math.exp(total / n), "val_tokens": n}
+        rows.append(np.asarray(fn(params, padded), np.float64)[:len(chunk)])
+    rows = np.concatenate(rows)
+    n = rows.size * (windows.shape[1] - 1)
+    mean = float(rows.sum()) / n
+    return {"val_loss": mean, "val_ppl": math.exp(mean), "val_tokens": n,
+            "window_loss": (rows / (windows.shape[1] - 1)).tolist()}
 
 
 def weight_error(params, variant: str, *, include=None, exclude=DEFAULT_EXCLUDE) -> dict:
