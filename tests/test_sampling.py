@@ -1,0 +1,69 @@
+"""Sampling: filters equal a sort-based reference; draws follow the filtered distribution."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.sampling import SamplingBatch, filter_logits, sample
+
+
+def reference_filter(logits, top_k, top_p):
+    """Sort-based top-k then top-p (smallest prefix reaching top_p), row by row in numpy."""
+    out = np.full_like(logits, -np.inf)
+    for r, row in enumerate(logits):
+        order = np.argsort(-row, kind="stable")
+        k = top_k[r] if top_k[r] > 0 else len(row)
+        kept = order[:k]
+        p = np.exp(row[kept] - row[kept].max())
+        p /= p.sum()
+        if top_p[r] < 1:
+            before = np.cumsum(p) - p
+            kept = kept[before < top_p[r]]
+        out[r, kept] = row[kept]
+    return out
+
+
+def batch(n, temperature, top_k=0, top_p=1.0, seed=0):
+    return SamplingBatch(temperature=jnp.full(n, temperature, jnp.float32), top_k=jnp.full(n, top_k, jnp.int32),
+                         top_p=jnp.full(n, top_p, jnp.float32), seed=jnp.full(n, seed, jnp.uint32),
+                         index=jnp.zeros(n, jnp.int32), position=jnp.arange(n, dtype=jnp.int32))
+
+
+def test_filter_matches_sort_reference():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(64, 300)).astype(np.float32) * rng.uniform(0.1, 5, (64, 1)).astype(np.float32)
+    top_k = rng.choice([0, 1, 2, 7, 50, 300, 1000], 64).astype(np.int32)
+    top_p = rng.choice([1.0, 0.999, 0.9, 0.5, 0.1, 1e-3], 64).astype(np.float32)
+    got = np.asarray(filter_logits(jnp.asarray(logits), jnp.asarray(top_k), jnp.asarray(top_p)))
+    expected = reference_filter(logits, top_k, top_p)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(expected))
+    np.testing.assert_array_equal(got[np.isfinite(got)], expected[np.isfinite(expected)])
+
+
+def test_greedy_is_argmax_with_logprobs():
+    logits = jax.random.normal(jax.random.key(1), (16, 50))
+    tokens, logprobs = sample(logits, batch(16, 0.0))
+    np.testing.assert_array_equal(tokens, jnp.argmax(logits, -1))
+    np.testing.assert_allclose(logprobs, jnp.max(jax.nn.log_softmax(logits), -1), atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 6, 0.7)])
+def test_draws_follow_filtered_softmax(temperature, top_k, top_p):
+    vocab, n = 8, 40_000
+    row = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], np.float32)
+    expected_logits = reference_filter(row[None] / temperature, np.array([top_k]), np.array([top_p], np.float32))[0]
+    expected = np.exp(expected_logits - expected_logits.max())
+    expected /= expected.sum()
+    tokens, _ = jax.jit(sample)(jnp.broadcast_to(jnp.asarray(row), (n, vocab)), batch(n, temperature, top_k, top_p))
+    freq = np.bincount(np.asarray(tokens), minlength=vocab) / n
+    assert np.all(freq[expected == 0] == 0)
+    assert 0.5 * np.abs(freq - expected).sum() < 0.01
+
+
+def test_same_seed_same_draws_different_seed_differs():
+    logits = jnp.zeros((32, 100))
+    a, _ = sample(logits, batch(32, 1.0, seed=5))
+    b, _ = sample(logits, batch(32, 1.0, seed=5))
+    c, _ = sample(logits, batch(32, 1.0, seed=6))
+    np.testing.assert_array_equal(a, b)
+    assert np.any(np.asarray(a) != np.asarray(c))
