@@ -73,6 +73,9 @@ def measure(cfg):
     return config, rows, measure_errors(config, params, val, cfg), len(val)
 
 
+NOTES = "## Notes"
+
+
 def _fmt(x, spec):
     return "n/a" if x != x else format(x, spec)  # NaN: the format selects nothing here
 
@@ -80,7 +83,7 @@ def _fmt(x, spec):
 def markdown(rows, errors, meta):
     ref = rows[0]["val_ppl"]
     lines = [
-        f"## {meta['model']}", "",
+        f"## {meta['model']} (impl {meta['impl']})", "",
         f"Command: `{meta['command']}`  ",
         f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); quantized matmul impl "
         f"`{meta['impl']}`; {meta['val_tokens']} predicted tokens ({meta['num_windows']} validation windows of "
@@ -121,7 +124,7 @@ def main(argv):
             "num_windows": n, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "val_tokens": rows[0]["val_tokens"],
             "model_config": dataclasses.asdict(config)}
     os.makedirs(cfg.out_dir, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", cfg.model.strip("/"))
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", cfg.model.strip("/") + ("" if cfg.impl == "reference" else f"_{cfg.impl}"))
     with open(os.path.join(cfg.out_dir, f"results_{slug}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "errors": errors}, f, indent=2)
     sections = []
@@ -130,7 +133,13 @@ def main(argv):
             res = json.load(f)
         sections.append(markdown(res["rows"], res["errors"], res["meta"]))
     text = "# FP4 perplexity: float vs NVFP4 / MXFP4 / FP8 / INT4 weights (and W4A4)\n\n" + "\n".join(sections)
-    with open(os.path.join(cfg.out_dir, "RESULTS.md"), "w") as f:
+    results_md = os.path.join(cfg.out_dir, "RESULTS.md")
+    if os.path.exists(results_md):  # hand-written reading of the figures survives a re-run
+        with open(results_md) as f:
+            old = f.read()
+        if NOTES in old:
+            text += "\n" + old[old.index(NOTES):]
+    with open(results_md, "w") as f:
         f.write(text)
     print(text)
 
