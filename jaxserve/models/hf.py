@@ -74,12 +74,13 @@ def _moe_fields(model_type: str, hf: dict) -> dict:
     if model_type in ("qwen2_moe", "qwen3_moe"):
         if hf.get("mlp_only_layers"):
             raise ValueError(f"unsupported: mlp_only_layers={hf['mlp_only_layers']} in config.json")
-        shared = dict(num_shared_experts=1, shared_expert_gate=True,
-                      shared_expert_intermediate_size=hf["shared_expert_intermediate_size"])
+        shared = {} if model_type == "qwen3_moe" else dict(
+            num_shared_experts=1, shared_expert_gate=True,
+            shared_expert_intermediate_size=hf["shared_expert_intermediate_size"])
         return dict(num_experts=hf.get("num_experts") or hf["num_local_experts"],
                     num_experts_per_tok=hf["num_experts_per_tok"], moe_intermediate_size=hf["moe_intermediate_size"],
                     router="qwen3_moe", norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-                    moe_layer_freq=hf.get("decoder_sparse_step", 1), **(shared if model_type == "qwen2_moe" else {}))
+                    moe_layer_freq=hf.get("decoder_sparse_step", 1), **shared)
     return {}
 
 
