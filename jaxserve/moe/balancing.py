@@ -12,6 +12,14 @@ The optimizer never sees it, nothing is hidden in modules or globals.
 collection (``apply(..., mutable=["moe_stats"])``); ``layer_loads`` pulls out the per-layer
 loads. MaxVio = (max load - mean load) / mean load (Wang et al. 2024): per batch from one
 step's load, globally from loads accumulated with ``accumulate_loads``.
+
+A training step with loss-free balancing (and optionally an auxiliary loss as a baseline)::
+
+    (logits, _), st = Transformer(config).apply({"params": p, "router_state": rs}, tokens, positions,
+                                                mutable=["moe_stats"])
+    loss = nll(logits) + aux_loss(st["moe_stats"], "switch", alpha=1e-3)   # baseline only
+    ...optimizer step on params...
+    rs = update_router_state(rs, layer_loads(st["moe_stats"]), rate=1e-3)  # outside the gradient
 """
 from __future__ import annotations
 
@@ -90,3 +98,26 @@ def sequence_aux_loss(probs: jax.Array, experts: jax.Array, alpha: float = 1e-4)
     counts = jax.vmap(lambda x: expert_load(x, e))(experts)  # [B, E]
     f = jax.lax.stop_gradient(counts * e / (k * length))
     return alpha * jnp.mean(jnp.sum(f * jnp.mean(probs, axis=1), axis=-1))
+
+
+AUX_LOSSES = ("switch", "sequence")
+
+
+def aux_loss(moe_stats: dict, kind: str, alpha: float, batch_size: int = 1) -> jax.Array:
+    """Auxiliary balance loss summed over the MoE layers of a ``"moe_stats"`` collection.
+
+    kind: "switch" (``switch_aux_loss`` over all tokens) or "sequence" (``sequence_aux_loss``; the
+    stats' [T] tokens are read as [batch_size, T // batch_size] sequences).
+    """
+    if kind not in AUX_LOSSES:
+        raise ValueError(f"aux loss kind must be one of {AUX_LOSSES}, got {kind!r}")
+    total = jnp.zeros((), jnp.float32)
+    for layer in moe_stats.values():
+        for s in layer["mlp"]["stats"]:
+            if kind == "switch":
+                total += switch_aux_loss(s.probs, s.experts, alpha)
+            else:
+                e, k = s.probs.shape[-1], s.experts.shape[-1]
+                total += sequence_aux_loss(s.probs.reshape(batch_size, -1, e), s.experts.reshape(batch_size, -1, k),
+                                           alpha)
+    return total

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxserve.models.transformer import Transformer, init_params
-from jaxserve.moe import (accumulate_loads, expert_load, init_router_state, layer_loads, max_violation, route,
+from jaxserve.moe import (accumulate_loads, aux_loss, expert_load, init_router_state, layer_loads, max_violation, route,
                           sequence_aux_loss, switch_aux_loss, update_bias, update_router_state)
 from tests.moe.conftest import moe_config
 
@@ -80,3 +80,11 @@ def test_router_state_round_trip_through_the_model():
                                0.5 * np.sign(loads["layers_1"].mean() - loads["layers_1"]))
     (moved, _), _ = apply({"params": params, "router_state": new_state})
     assert not np.allclose(moved[0], logits[0])  # the bias reaches the routers
+
+    layers = [stats["moe_stats"][n]["mlp"]["stats"][0] for n in ("layers_0", "layers_1")]
+    want = sum(switch_aux_loss(s.probs, s.experts, 0.01) for s in layers)
+    assert float(aux_loss(stats["moe_stats"], "switch", 0.01)) == pytest.approx(float(want), rel=1e-6)
+    want = sum(sequence_aux_loss(s.probs.reshape(2, 9, -1), s.experts.reshape(2, 9, -1), 0.01) for s in layers)
+    assert float(aux_loss(stats["moe_stats"], "sequence", 0.01, batch_size=2)) == pytest.approx(float(want), rel=1e-6)
+    with pytest.raises(ValueError, match="aux loss kind must be one of"):
+        aux_loss(stats["moe_stats"], "z-loss", 0.01)
