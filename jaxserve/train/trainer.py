@@ -14,7 +14,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
@@ -60,36 +59,51 @@ def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool =
     Returns ``{"step", "params", "final_eval", "out_dir"}``. Raises FileNotFoundError for a missing
     corpus or tokenizer and ValueError for inconsistent settings, before any state is written.
     """
-    tc, mc = rc.train, rc.model
-    out_dir = pathlib.Path(tc.out_dir)
+    tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
     _check_inputs(rc)
+    mesh = data_mesh()
+    if (tc.batch_size // tc.grad_accum) % mesh.size:
+        raise ValueError(f"micro-batch {tc.batch_size // tc.grad_accum} is not divisible by {mesh.size} devices")
     tok = prepare_tokenizer(rc, out_dir)
-    mc = dataclasses.replace(mc, eos_token_id=tok.eos_token_id)
-    (out_dir / "run_config.json").write_text(json.dumps(dataclasses.asdict(dataclasses.replace(rc, model=mc)),
-                                                        indent=2))
+    rc = dataclasses.replace(rc, model=dataclasses.replace(rc.model, eos_token_id=tok.eos_token_id))
+    (out_dir / "run_config.json").write_text(json.dumps(dataclasses.asdict(rc), indent=2))
     train_w = windows(encode_split(tok, rc.data.corpus, "train", rc.data.max_train_tokens), rc.data.seq_len)
     val_w = windows(encode_split(tok, rc.data.corpus, "val", rc.data.max_val_tokens), rc.data.seq_len)
     val_w = val_w[:tc.eval_windows] if tc.eval_windows else val_w
 
-    mesh = data_mesh()
-    if (tc.batch_size // tc.grad_accum) % mesh.size:
-        raise ValueError(f"micro-batch {tc.batch_size // tc.grad_accum} is not divisible by {mesh.size} devices")
-    replicated, batch_sharding = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "data"))
-    optimizer, schedule = make_optimizer(tc)
-    params = jax.device_put(init_params(mc, jax.random.key(tc.seed)), replicated)
-    opt_state = optimizer.init(params)
     mngr = ckpt.manager(out_dir, tc.keep_checkpoints)
-    start, restored = 0, ckpt.restore_latest(mngr, params, opt_state)
-    if restored is not None:
-        start, params, opt_state, position = restored
-        if position != start * tc.batch_size:
-            raise ValueError(f"checkpoint at step {start} consumed {position} sequences, expected "
-                             f"{start * tc.batch_size}: was batch_size changed between runs?")
-    log = MetricsLog(out_dir, start)
-    order = BatchOrder(len(train_w), tc.batch_size, tc.seed)
-    step_fn = make_train_step(mc, optimizer_fields(tc))
+    start, params, opt_state = _init_or_restore(rc, mesh, mngr)
     end = min(tc.steps, stop_after if stop_after is not None else tc.steps)
-    t0, tokens_per_step = time.perf_counter(), tc.batch_size * rc.data.seq_len
+    params = _run_steps(rc, mesh, mngr, params, opt_state, train_w, val_w, start, end, progress)
+    mngr.close()
+    result = {"step": max(start, end), "params": params, "out_dir": out_dir, "final_eval": None}
+    if result["step"] >= tc.steps:
+        result["final_eval"] = _export(out_dir, rc.model, params)
+    return result
+
+
+def _init_or_restore(rc: TrainRunConfig, mesh: Mesh, mngr):
+    """``(step, params, opt_state)``: fresh from the seed, or from the newest checkpoint."""
+    tc = rc.train
+    params = jax.device_put(init_params(rc.model, jax.random.key(tc.seed)), NamedSharding(mesh, P()))
+    opt_state = make_optimizer(tc)[0].init(params)
+    restored = ckpt.restore_latest(mngr, params, opt_state)
+    if restored is None:
+        return 0, params, opt_state
+    step, params, opt_state, position = restored
+    if position != step * tc.batch_size:
+        raise ValueError(f"checkpoint at step {step} consumed {position} sequences, expected "
+                         f"{step * tc.batch_size}: was batch_size changed between runs?")
+    return step, params, opt_state
+
+
+def _run_steps(rc, mesh, mngr, params, opt_state, train_w, val_w, start: int, end: int, progress: bool):
+    """Steps ``start .. end-1``: train, log every log_every, evaluate every eval_every, checkpoint."""
+    tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
+    log, order = MetricsLog(out_dir, start), BatchOrder(len(train_w), tc.batch_size, tc.seed)
+    step_fn, schedule = make_train_step(rc.model, optimizer_fields(tc)), make_optimizer(tc)[1]
+    batch_sharding = NamedSharding(mesh, P(None, "data"))  # i32[A, B, L]: sequences split over devices
+    t0, elapsed = time.perf_counter(), lambda: log.elapsed_offset + time.perf_counter() - t0
     bar = tqdm(range(start, end), initial=start, total=tc.steps, disable=not progress, file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=out_dir.name)
     for step in bar:
@@ -97,21 +111,16 @@ def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool =
         params, opt_state, m = step_fn(params, opt_state, jax.device_put(batch, batch_sharding))
         done = step + 1
         if done % tc.log_every == 0 or done == end:
-            loss = float(m["loss"])
-            bar.set_postfix(loss=f"{loss:.3f}")
-            log.write({"step": done, "loss": loss, "grad_norm": float(m["grad_norm"]), "lr": float(schedule(step)),
-                       "tokens": done * tokens_per_step, "elapsed_s": log.elapsed_offset + time.perf_counter() - t0})
+            bar.set_postfix(loss=f"{float(m['loss']):.3f}")
+            log.write({"step": done, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                       "lr": float(schedule(step)), "tokens": done * tc.batch_size * rc.data.seq_len,
+                       "elapsed_s": elapsed()})
         if done % tc.eval_every == 0 or done == tc.steps:
-            ev = evaluate(params, mc, val_w)
-            log.write({"step": done, **ev, "elapsed_s": log.elapsed_offset + time.perf_counter() - t0})
+            log.write({"step": done, **evaluate(params, rc.model, val_w), "elapsed_s": elapsed()})
         if done % tc.checkpoint_every == 0 or done == end:
             ckpt.save_state(mngr, done, params, opt_state, done * tc.batch_size)
     bar.close()
-    mngr.close()
-    result = {"step": max(start, end), "params": params, "out_dir": out_dir, "final_eval": None}
-    if result["step"] >= tc.steps:
-        result["final_eval"] = _export(out_dir, mc, params)
-    return result
+    return params
 
 
 def _check_inputs(rc: TrainRunConfig) -> None:

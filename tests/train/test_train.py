@@ -1,12 +1,16 @@
 import dataclasses
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import chex
 import jax
 import numpy as np
 import pytest
 
+from jaxserve.checkpoint import load_model
 from jaxserve.train import parse_run_config, train
 from jaxserve.train.data import BatchOrder, windows
 from tests.train.conftest import with_train
@@ -91,3 +95,20 @@ def test_vocab_mismatch_raises_before_writing(tiny_run, tmp_path):
     with pytest.raises(ValueError, match=r"tokenizer has \d+ tokens but model.vocab_size"):
         train(bad, progress=False)
     assert not (tmp_path / "never").exists()
+
+
+def _as_overrides(rc) -> list[str]:
+    return [f"{section}.{k}={'null' if v is None else v}" for section, fields in dataclasses.asdict(rc).items()
+            for k, v in fields.items()]
+
+
+@pytest.mark.slow  # a fresh process, compile and export: ~20 s of CPU; the only multi-device check here
+def test_cli_data_parallel_over_two_devices_matches_one(tiny_run, full_run, tmp_path):
+    """`python -m jaxserve.train` on 2 simulated CPU devices (batch sharded on "data") ~ the 1-device run."""
+    rc = with_train(tiny_run, out_dir=str(tmp_path / "dp"))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "jaxserve.train", *_as_overrides(rc)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, params = load_model(tmp_path / "dp" / "final")
+    chex.assert_trees_all_close(params, jax.device_get(full_run["params"]), atol=1e-5, rtol=1e-4)
