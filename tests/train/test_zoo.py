@@ -1,0 +1,34 @@
+import pytest
+
+from jaxserve.checkpoint import load_model
+from jaxserve.models import get_preset
+from jaxserve.tokenizer import load_tokenizer
+from jaxserve.train.zoo import card_figure, measure_perplexity
+from jaxserve.zoo import available_models, zoo_path
+
+ZOO = ["tiny-code", "tiny-code-draft"]
+
+
+def test_unknown_zoo_name_lists_available():
+    with pytest.raises(ValueError, match=r"unknown zoo model 'jaxserve/nope'; available: \[.*'tiny-code'"):
+        zoo_path("jaxserve/nope")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_model_loads_by_name(name):
+    assert name in available_models()
+    assert zoo_path(f"jaxserve/{name}") == zoo_path(name)
+    config, params = load_model(zoo_path(name))
+    assert config == get_preset(name)
+    tok = load_tokenizer(zoo_path(name))
+    assert tok.vocab_size == config.vocab_size and tok.eos_token_id == config.eos_token_id == 0
+    assert tok.decode(tok.encode("def f(x):\n    return x\n")) == "def f(x):\n    return x\n"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_slice_perplexity_matches_model_card(name):
+    card = (zoo_path(name) / "MODEL_CARD.md").read_text()
+    stated = card_figure(card, "val_slice_ppl")
+    measured = measure_perplexity(name)["val_ppl"]
+    assert abs(measured - stated) <= 0.02 * stated, (measured, stated)
+    assert measured < 0.2 * get_preset(name).vocab_size  # far better than uniform over the vocabulary
