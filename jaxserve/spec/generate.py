@@ -29,9 +29,9 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
-from jaxserve.sampling import SamplingBatch, sample
+from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.metrics import SpecMetrics
-from jaxserve.spec.rejection import PAD_TOKEN
+from jaxserve.spec.rejection import PAD_TOKEN, sample_tokens
 from jaxserve.spec.round import RoundInputs, slots_for, spec_round
 
 TRACES: Counter = Counter()  # program name -> times traced (== compiled)
@@ -77,7 +77,7 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
     tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
     pool = _new_pool(target_config, b * pages_per_seq, block_size)
     logits, pool = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl)
-    first, _ = sample(logits, sampling.replace(position=prompt_lens))
+    first = sample_tokens(logits, sampling.replace(position=prompt_lens))
     out = jnp.full((b, capacity + gamma + 1), PAD_TOKEN, jnp.int32).at[:, 0].set(first)
     inputs = RoundInputs(block_tables=tables, positions=prompt_lens, last_tokens=first,
                          prev_tokens=jnp.take_along_axis(prompts, (prompt_lens - 1)[:, None], axis=1)[:, 0],
@@ -154,7 +154,7 @@ def _target_only_program(target_params, draft_params, prompts, prompt_lens, max_
                                  cu_q_lens=jnp.arange(pos.shape[0] + 1, dtype=jnp.int32), decode_only=True)
         logits, pool = forward(target_params, target_config, inp.last_tokens, inp.positions, st.target_pool, meta,
                                attention_impl=attention_impl)
-        tok, _ = sample(logits, inp.sampling.replace(position=inp.positions + 1))
+        tok = sample_tokens(logits, inp.sampling.replace(position=inp.positions + 1))
         nxt = inp.replace(positions=inp.positions + 1, prev_tokens=inp.last_tokens, last_tokens=tok)
         return _commit(st, tok[:, None], jnp.zeros_like(tok), nxt, max_tokens, eos, pool, [])
 

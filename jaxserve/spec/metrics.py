@@ -5,6 +5,11 @@ Axis names: B sequences, G draft tokens per round (γ).
 Counts are per sequence so a caller can drop padding rows before summarising. Acceptance counts
 are the sampler's (before EOS / max_tokens truncation), as vLLM counts them; generated tokens
 are what the caller receives.
+
+Two acceptance figures: ``acceptance_rate`` = accepted / drafted (vLLM's), which counts the
+drafts after a round's first rejection as rejected; and ``token_acceptance_prob`` = accepted /
+reached, the chance that a draft token is accepted given that every earlier one in its round was
+(Leviathan et al.'s α, the quantity the (1 - α^(γ+1)) / (1 - α) formula takes).
 """
 from __future__ import annotations
 
@@ -43,10 +48,13 @@ def summarize(metrics: SpecMetrics, rows: int | None = None) -> dict:
     m = jax.tree.map(lambda x: np.asarray(x)[:rows], metrics)
     rounds, drafted, accepted = int(m.rounds.sum()), int(m.drafted.sum()), int(m.accepted.sum())
     generated, calls = int(m.generated.sum()), int(m.target_calls.sum())
+    at = m.accepted_at.sum(0)
+    reached = rounds + int(at[:-1].sum())  # position j is reached in rounds that accepted j-1 drafts
     return {
         "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "token_acceptance_prob": accepted / reached if reached else float("nan"),
         "mean_acceptance_length": 1 + accepted / rounds if rounds else float("nan"),
-        "per_position_acceptance": (m.accepted_at.sum(0) / rounds).tolist() if rounds else [],
+        "per_position_acceptance": (at / rounds).tolist() if rounds else [],
         "target_calls_per_token": calls / generated if generated else float("nan"),
         "rounds": rounds, "drafted": drafted, "accepted": accepted,
         "generated": generated, "target_calls": calls,

@@ -18,18 +18,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxserve.sampling import filter_logits
+from jaxserve.sampling import SamplingBatch, filter_logits, row_keys
 
 PAD_TOKEN = -1  # output slots past a sequence's emitted tokens
 
 
 def probs_from_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
                       top_p: jax.Array) -> jax.Array:
-    """logits f32[R, V] -> the sampling distribution f32[R, V] (one-hot argmax where temperature <= 0)."""
+    """logits f32[R, V] -> the sampling distribution f32[R, V] (one-hot argmax where temperature <= 0).
+
+    The vocabulary sort behind top-k/top-p runs only when some row asks for it.
+    """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
-    probs = jax.nn.softmax(filter_logits(scaled, top_k, top_p), axis=-1)
+    filtering = jnp.any((top_k > 0) | (top_p < 1))
+    scaled = jax.lax.cond(filtering, lambda x: filter_logits(x, top_k, top_p), lambda x: x, scaled)
+    probs = jax.nn.softmax(scaled, axis=-1)
     onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(greedy[:, None], onehot, probs)
 
@@ -49,6 +54,17 @@ def draw(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
     """Gumbel-max draw from probs f32[..., V] driven by uniforms f32[..., V]; i32[...]."""
     gumbel = -jnp.log(-jnp.log(uniforms))
     return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
+
+
+def sample_tokens(logits: jax.Array, sampling: SamplingBatch) -> jax.Array:
+    """One token per row i32[R] from logits f32[R, V], keyed by ``row_keys(seed, index, position)``.
+
+    The same distribution as ``jaxserve.sampling.sample``, drawn the way speculative rounds draw.
+    """
+    s = sampling
+    u = jax.vmap(lambda k: jax.random.uniform(k, logits.shape[-1:], minval=jnp.finfo(jnp.float32).tiny))(
+        row_keys(s.seed, s.index, s.position))
+    return draw(probs_from_logits(logits, s.temperature, s.top_k, s.top_p), u)
 
 
 def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,

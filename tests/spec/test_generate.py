@@ -170,6 +170,15 @@ def test_bad_inputs_raise_before_running(models, prompts):
 TEMPS, TOP_K, TOP_P = np.array([0.1, 0.1, 1.0, 0.3]), np.array([0, 6, 0, 0]), np.array([1.0, 1.0, 0.8, 1.0])
 
 
+@jax.jit
+def _conditionals(params, batch, temperature, top_k, top_p):
+    """Target sampling distributions f32[S, L, V] after every prefix of batch i32[S, L], per-row settings."""
+    logits = forward_full(params, CONFIG, batch)
+    s, length, v = logits.shape
+    rep = lambda x: jnp.repeat(x, length)  # noqa: E731
+    return probs_from_logits(logits.reshape(-1, v), rep(temperature), rep(top_k), rep(top_p)).reshape(s, length, v)
+
+
 def _stream_pits(generate, target, calls):
     """Randomised PIT values of every round-generated token under the target's exact conditionals.
 
@@ -186,19 +195,17 @@ def _stream_pits(generate, target, calls):
             seqs.append(np.concatenate([prompts[r, :lens[r]], tokens[r, :n[r]]]))
             starts.append(lens[r])
             counts.append(n[r])
-    width = max(map(len, seqs))
+    width = 16 + MAX_TOKENS  # one shape for every call of _conditionals
     batch = np.stack([np.pad(s, (0, width - len(s))) for s in seqs])
-    logits = np.asarray(jax.jit(forward_full, static_argnums=1)(target, CONFIG, jnp.asarray(batch, jnp.int32)))
+    probs = np.asarray(_conditionals(target, jnp.asarray(batch, jnp.int32), jnp.asarray(np.tile(TEMPS, calls)),
+                                     jnp.asarray(np.tile(TOP_K, calls)), jnp.asarray(np.tile(TOP_P, calls))),
+                       np.float64)  # probs[i, t] is the target's distribution of token t + 1 of sequence i
     pits = []
     for i, (seq, start, n) in enumerate(zip(seqs, starts, counts)):
-        row = i % 4
-        at = np.arange(start, start + n - 1)  # logits at `at` predict the token at `at + 1`
-        probs = np.asarray(probs_from_logits(jnp.asarray(logits[i, at]), jnp.full(len(at), TEMPS[row]),
-                                             jnp.full(len(at), TOP_K[row]), jnp.full(len(at), TOP_P[row])),
-                           np.float64)
-        tok = seq[at + 1]
-        before = np.cumsum(probs, 1)[np.arange(len(at)), tok] - probs[np.arange(len(at)), tok]
-        pits.append(before + rng.random(len(at)) * probs[np.arange(len(at)), tok])
+        at = np.arange(start, start + n - 1)  # tokens from rounds (the first comes from the prefill)
+        p, tok = probs[i, at], seq[at + 1]
+        before = np.cumsum(p, 1)[np.arange(len(at)), tok] - p[np.arange(len(at)), tok]
+        pits.append(before + rng.random(len(at)) * p[np.arange(len(at)), tok])
     return np.concatenate(pits)
 
 
