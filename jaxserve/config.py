@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 ATTENTION_IMPLS = ("auto", "pallas", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 
 
@@ -125,6 +126,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     attention_impl: str = "auto"  # auto | pallas | reference
+    quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
     seed: int = 0
 
     def __post_init__(self):
@@ -136,6 +138,8 @@ class EngineConfig:
                  f"EngineConfig.max_model_len must be > 0 or None, got {self.max_model_len}")
         _require(self.attention_impl in ATTENTION_IMPLS,
                  f"EngineConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        _require(self.quantization in QUANTIZATIONS,
+                 f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
 
 
 def apply_overrides(config: Any, overrides: Sequence[str]) -> Any:

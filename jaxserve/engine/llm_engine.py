@@ -19,6 +19,7 @@ from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
+from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
 
 
@@ -47,9 +48,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_id=eos)
+        quant = None
+        if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
+            params = quantize_params(params, ec.quantization)
+            quant = MatmulSettings(impl="auto")
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
-                                  max_model_len=self.max_model_len, attention_impl=ec.attention_impl)
+                                  max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant)
         self._rng = np.random.default_rng(ec.seed)
         self._ids = itertools.count()
         self._seeds: dict[str, int] = {}

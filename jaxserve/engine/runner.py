@@ -26,6 +26,7 @@ from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.engine.scheduler import SchedulerOutput
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
+from jaxserve.quant import matmul_context
 from jaxserve.sampling import SamplingBatch, sample
 
 
@@ -44,7 +45,7 @@ class SampleRow:
 class ModelRunner:
     def __init__(self, config: ModelConfig, params: dict, *, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 attention_impl: str = "auto"):
+                 attention_impl: str = "auto", quant=None):
         self.config, self.params = config, params
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -56,6 +57,7 @@ class ModelRunner:
         self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
                                          config.head_dim, jnp.dtype(config.dtype))
         self.attention_impl = attention_impl
+        self.quant = quant  # jaxserve.quant.MatmulSettings when params hold QuantizedTensors
         self.num_compilations = 0
 
     @property
@@ -102,7 +104,7 @@ class ModelRunner:
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
         results, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
-            sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl)
+            sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl, quant=self.quant)
         return tuple(r[: len(rows)] for r in jax.device_get(results))
 
     def warmup(self) -> int:
@@ -123,12 +125,14 @@ _TRACES = [0]  # incremented while tracing: one per compiled program
 NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search uses 2 x beam_width)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "attention_impl"), donate_argnames=("kv_pool",))
+@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
 def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, *, config,
-          attention_impl):
+          attention_impl, quant=None):
     _TRACES[0] += 1
-    logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
-                              attention_impl=attention_impl, logits_indices=logits_indices)
+    # quant is static: a quantized tree looks the same under every matmul setting
+    with matmul_context(quant):
+        logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
+                                  attention_impl=attention_impl, logits_indices=logits_indices)
     logits = logits[sample_entry]
     toks, logprobs = sample(logits, sbatch)
     top_logprobs, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), min(NUM_TOP_LOGPROBS, logits.shape[-1]))
