@@ -32,6 +32,7 @@ from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.metrics import SpecMetrics
 from jaxserve.spec.rejection import PAD_TOKEN, sample_tokens
+from jaxserve.spec.ngram import ngram_round
 from jaxserve.spec.round import RoundInputs, slots_for, spec_round
 
 TRACES: Counter = Counter()  # program name -> times traced (== compiled)
@@ -43,6 +44,7 @@ class LoopState:
     draft_pool: KVPool  # [] for target-only
     inputs: RoundInputs
     out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
+    history: jax.Array  # i32[B, Lp+N+G+1]: the token at position t in slot t (valid up to positions)
     num_generated: jax.Array  # i32[B]
     done: jax.Array  # bool[B]
     metrics: SpecMetrics
@@ -85,7 +87,9 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
     metrics = SpecMetrics.zeros(b, gamma)
     metrics = metrics.replace(target_calls=real.astype(jnp.int32), generated=real.astype(jnp.int32))
     done = ~real | (first == eos) | (max_tokens <= 1)
-    return LoopState(pool, [], inputs.replace(active=~done), out, jnp.ones(b, jnp.int32), done, metrics)
+    history = jnp.zeros((b, prompts.shape[1] + capacity + gamma + 1), jnp.int32).at[:, :prompts.shape[1]].set(prompts)
+    history = history.at[jnp.arange(b), prompt_lens].set(first)
+    return LoopState(pool, [], inputs.replace(active=~done), out, history, jnp.ones(b, jnp.int32), done, metrics)
 
 
 def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens, eos, target_pool,
@@ -101,10 +105,13 @@ def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens
     written = jax.vmap(lambda row, t, at: jax.lax.dynamic_update_slice(row, t, (at,)))(
         state.out, tokens, state.num_generated)
     out = jnp.where(active[:, None], written, state.out)
+    recorded = jax.vmap(lambda row, t, at: jax.lax.dynamic_update_slice(row, t, (at,)))(
+        state.history, tokens, state.inputs.positions + 1)
+    history = jnp.where(active[:, None], recorded, state.history)
     num_generated = state.num_generated + jnp.where(active, emitted, 0)
     done = state.done | (active & ((until_eos <= emitted) | (num_generated >= max_tokens)))
     metrics = state.metrics.record_round(active, num_accepted, emitted)
-    return LoopState(target_pool, draft_pool, nxt.replace(active=~done), out, num_generated, done, metrics)
+    return LoopState(target_pool, draft_pool, nxt.replace(active=~done), out, history, num_generated, done, metrics)
 
 
 def _finish(state: LoopState, capacity: int):
@@ -157,6 +164,25 @@ def _target_only_program(target_params, draft_params, prompts, prompt_lens, max_
         tok = sample_tokens(logits, inp.sampling.replace(position=inp.positions + 1))
         nxt = inp.replace(positions=inp.positions + 1, prev_tokens=inp.last_tokens, last_tokens=tok)
         return _commit(st, tok[:, None], jnp.zeros_like(tok), nxt, max_tokens, eos, pool, [])
+
+    state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
+    return _finish(state, capacity)
+
+
+@partial(jax.jit, static_argnames=_STATIC + ("max_ngram", "min_ngram"))
+def _ngram_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+                   target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl,
+                   max_ngram, min_ngram):
+    TRACES["ngram"] += 1
+    del draft_params, draft_config
+    state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                   gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
+                   attention_impl=attention_impl)
+
+    def body(st: LoopState) -> LoopState:
+        r = ngram_round(target_params, st.target_pool, st.inputs, st.history, target_config=target_config,
+                        gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, [])
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
@@ -229,11 +255,12 @@ def _prepare(target_config, draft_config, prompts, prompt_lens, gamma, max_token
 
 
 def _run(program, target_params, target_config, draft_params, draft_config, prompts, prompt_lens, *, gamma,
-         max_tokens, temperature, top_k, top_p, seeds, eos_token_id, block_size, attention_impl):
+         max_tokens, temperature, top_k, top_p, seeds, eos_token_id, block_size, attention_impl, **extra):
     arrays, static, b, n = _prepare(target_config, draft_config, prompts, prompt_lens, gamma, max_tokens,
                                     temperature, top_k, top_p, seeds, eos_token_id, block_size)
     tokens, num_generated, metrics = program(target_params, draft_params, **arrays, target_config=target_config,
-                                             draft_config=draft_config, attention_impl=attention_impl, **static)
+                                             draft_config=draft_config, attention_impl=attention_impl, **static,
+                                             **extra)
     return tokens[:b, :n], num_generated[:b], jax.tree.map(lambda x: x[:b], metrics)
 
 
@@ -261,3 +288,15 @@ def target_only_generate(target_params: dict, target_config: ModelConfig, prompt
     return _run(_target_only_program, target_params, target_config, None, None, prompts, prompt_lens, gamma=1,
                 max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
                 eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl)
+
+
+def ngram_generate(target_params: dict, target_config: ModelConfig, prompts, prompt_lens, *, gamma: int = 4,
+                   max_ngram: int = 3, min_ngram: int = 1, max_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+                   seeds=0, eos_token_id: int | None = None, block_size: int = 16, attention_impl: str = "auto"):
+    """``speculative_generate`` with n-gram prompt lookup proposing (no draft model); same outputs."""
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+    return _run(_ngram_program, target_params, target_config, None, None, prompts, prompt_lens, gamma=gamma,
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl,
+                max_ngram=max_ngram, min_ngram=min_ngram)

@@ -138,7 +138,13 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
                                      attention_impl)
     p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
-    tokens, n = rejection_sample(x, q, p, u, s.temperature <= 0)
+    return accept_and_advance(inputs, x, q, p, u, target_pool, draft_pool)
+
+
+def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array, p: jax.Array, u: jax.Array,
+                       target_pool: KVPool, draft_pool: KVPool) -> RoundOutputs:
+    """Rejection-samples proposals x i32[B, G] (drawn from q) against p, and advances active rows."""
+    tokens, n = rejection_sample(x, q, p, u, inputs.sampling.temperature <= 0)
     n = jnp.where(inputs.active, n, 0)
     rows = jnp.arange(n.shape[0])
     prev = jnp.where(n == 0, inputs.last_tokens, x[rows, jnp.maximum(n - 1, 0)])

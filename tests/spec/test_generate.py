@@ -10,7 +10,7 @@ import pytest
 
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.spec import generate as gen
-from jaxserve.spec.generate import speculative_generate, target_only_generate
+from jaxserve.spec.generate import ngram_generate, speculative_generate, target_only_generate
 from jaxserve.spec.metrics import summarize
 from jaxserve.spec.rejection import probs_from_logits
 from spec_stats import chi2_statistic, chi2_threshold
@@ -236,3 +236,18 @@ def test_sampled_stream_follows_the_target_end_to_end(models, prompts):
     assert stat < chi2_threshold(df), (stat, df)
     bad, bad_df = _uniformity(_stream_pits(draft_only, target, calls=60))  # the check has power
     assert bad > chi2_threshold(bad_df), bad
+
+
+def test_ngram_greedy_equals_target_only_and_exact_when_sampling(models, prompts, reference):
+    target = models[0]
+    tokens, n, metrics = ngram_generate(target, CONFIG, prompts, LENS, gamma=GAMMA, max_tokens=MAX_TOKENS)
+    np.testing.assert_array_equal(np.asarray(tokens), reference)
+    assert summarize(metrics)["acceptance_rate"] > 0.2  # the tiny model repeats itself, lookup pays
+
+    def ngram_gen(p, lens, seeds):
+        tokens, n, _ = ngram_generate(target, CONFIG, p, lens, gamma=GAMMA, max_tokens=MAX_TOKENS,
+                                      temperature=TEMPS, top_k=TOP_K, top_p=TOP_P, seeds=seeds)
+        return np.asarray(tokens), np.asarray(n)
+
+    stat, df = _uniformity(_stream_pits(ngram_gen, target, calls=60))
+    assert stat < chi2_threshold(df), (stat, df)
