@@ -7,6 +7,7 @@ class SpecDecodingConfig:
     # "jaxserve/<zoo name>", a checkpoint or HF directory, or "preset:<name>" (random weights: smoke only)
     target: str = "jaxserve/tiny-code"
     draft: str = "jaxserve/tiny-code-draft"
+    method: str = "draft_model"       # or "ngram" (prompt lookup; draft unused)
     gammas: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
     batches: tuple = (1, 4, 16)
     temperatures: tuple = (0.0, 1.0)

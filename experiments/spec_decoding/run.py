@@ -15,7 +15,8 @@ import sys
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]  # this checkout's jaxserve, whatever is installed
 from config import get_config  # noqa: E402
 
 from jaxserve.config import apply_overrides  # noqa: E402
@@ -46,7 +47,7 @@ def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
 
 def measure(cfg):
     tcfg, tparams, tok = load(cfg.target, cfg.seed)
-    dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1)
+    dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1) if cfg.method == "draft_model" else (None, None, None)
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     rows = []
     for temperature in cfg.temperatures:
@@ -55,7 +56,8 @@ def measure(cfg):
             lens = np.full(batch, cfg.prompt_len)
             rows += measure_point((tcfg, tparams), (dcfg, dparams), prompts, lens, gammas=cfg.gammas,
                                   temperature=temperature, max_tokens=cfg.max_tokens, eos_token_id=eos,
-                                  repeats=cfg.repeats, block_size=cfg.block_size, seed=cfg.seed)
+                                  repeats=cfg.repeats, block_size=cfg.block_size, seed=cfg.seed,
+                                  method=cfg.method)
             print(json.dumps({k: rows[-1][k] for k in ("temperature", "batch", "gamma", "speedup")}), flush=True)
     return rows
 
@@ -63,7 +65,8 @@ def measure(cfg):
 def markdown(rows, meta):
     kind = "SMOKE RUN (random weights: figures exercise the code, they are not results)" if meta["smoke"] \
         else "results"
-    lines = [f"# Speculative decoding: {meta['target']} verified, {meta['draft']} drafting ({kind})", "",
+    proposer = meta["draft"] + " drafting" if meta["method"] == "draft_model" else "n-gram prompt lookup"
+    lines = [f"# Speculative decoding: {meta['target']} verified, {proposer} ({kind})", "",
              f"Command: `{meta['command']}`  ",
              f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); load average at start "
              f"{meta['loadavg_start']}, at end {meta['loadavg_end']}; prompts {meta['prompt_len']} tokens, "
@@ -95,9 +98,10 @@ def main(argv):
             "date": datetime.datetime.now().isoformat(timespec="minutes"), "jax_version": jax.__version__,
             "backend": jax.default_backend(), "loadavg_start": load_start,
             "loadavg_end": " ".join(f"{x:.1f}" for x in os.getloadavg()), "smoke": cfg.smoke,
-            "target": cfg.target, "draft": cfg.draft, "prompt_len": cfg.prompt_len, "max_tokens": cfg.max_tokens,
+            "target": cfg.target, "draft": cfg.draft, "method": cfg.method, "prompt_len": cfg.prompt_len, "max_tokens": cfg.max_tokens,
             "repeats": cfg.repeats}
-    stem = ("smoke_results.json", "SMOKE.md") if cfg.smoke else ("results.json", "RESULTS.md")
+    tag = "" if cfg.method == "draft_model" else f"_{cfg.method}"
+    stem = (f"smoke_results{tag}.json", f"SMOKE{tag}.md") if cfg.smoke else (f"results{tag}.json", f"RESULTS{tag}.md")
     os.makedirs(cfg.out_dir, exist_ok=True)
     with open(os.path.join(cfg.out_dir, stem[0]), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

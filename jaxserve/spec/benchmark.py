@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.spec.generate import speculative_generate, target_only_generate
+from jaxserve.spec.generate import ngram_generate, speculative_generate, target_only_generate
 from jaxserve.spec.metrics import expected_acceptance_length, summarize
 
 
@@ -27,8 +27,13 @@ def _timed(call, repeats: int):
 
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
                   max_tokens: int, eos_token_id: int | None, repeats: int, block_size: int = 16,
-                  seed: int = 0) -> list[dict]:
-    """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params)."""
+                  seed: int = 0, method: str = "draft_model") -> list[dict]:
+    """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params).
+
+    method: "draft_model" (draft proposes) or "ngram" (prompt lookup; draft unused).
+    """
+    if method not in ("draft_model", "ngram"):
+        raise ValueError(f"method must be 'draft_model' or 'ngram', got {method!r}")
     (tcfg, tparams), (dcfg, dparams) = target, draft
     b = len(prompts)
     common = dict(max_tokens=max_tokens, temperature=temperature, seeds=np.arange(b) + seed,
@@ -37,13 +42,17 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     base_tps = int(np.sum(base_n)) / base_s
     rows = []
     for gamma in gammas:
-        spec_s, (_, n, metrics) = _timed(lambda: speculative_generate(tparams, tcfg, dparams, dcfg, prompts, lens,
-                                                                      gamma=gamma, **common), repeats)
+        if method == "ngram":
+            call = lambda: ngram_generate(tparams, tcfg, prompts, lens, gamma=gamma, **common)  # noqa: E731
+        else:
+            call = lambda: speculative_generate(tparams, tcfg, dparams, dcfg, prompts, lens,  # noqa: E731
+                                                gamma=gamma, **common)
+        spec_s, (_, n, metrics) = _timed(call, repeats)
         s = summarize(metrics)
         alpha = s["token_acceptance_prob"]
         theory = expected_acceptance_length(alpha, gamma)
         tps = int(np.sum(n)) / spec_s
-        rows.append({"batch": b, "temperature": temperature, "gamma": gamma, **s,
+        rows.append({"method": method, "batch": b, "temperature": temperature, "gamma": gamma, **s,
                      "theory_acceptance_length": theory,
                      "acceptance_length_vs_theory": s["mean_acceptance_length"] / theory - 1,
                      "spec_seconds": spec_s, "spec_tokens_per_s": tps,
