@@ -76,6 +76,11 @@ def measure(cfg):
 NOTES = "## Notes"
 
 
+def _describe(c):
+    return (f"{c['model_type']}, hidden {c['hidden_size']}, {c['num_layers']} layers, MLP {c['intermediate_size']}, "
+            f"vocab {c['vocab_size']}, {'tied' if c['tie_word_embeddings'] else 'untied'} embeddings")
+
+
 def _fmt(x, spec):
     return "n/a" if x != x else format(x, spec)  # NaN: the format selects nothing here
 
@@ -87,7 +92,8 @@ def markdown(rows, errors, meta):
         f"Command: `{meta['command']}`  ",
         f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); quantized matmul impl "
         f"`{meta['impl']}`; {meta['val_tokens']} predicted tokens ({meta['num_windows']} validation windows of "
-        f"{meta['seq_len'] + 1} tokens).", "",
+        f"{meta['seq_len'] + 1} tokens). Model: {_describe(meta['model_config'])}; float32 params {rows[0]['bytes'] / 1e6:.2f} MB.",
+        "",
         "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and "
         "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
         "Dense call over the whole batch). bits/weight counts codes + block scales + tensor scale of the "
