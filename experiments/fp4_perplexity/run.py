@@ -1,6 +1,6 @@
 """Validation perplexity of a trained model in float32/bf16 vs weights quantized to each format.
 
-    python experiments/fp4_perplexity/run.py [key=value ...]    e.g. model=runs/tiny-code/final num_windows=8
+    python experiments/fp4_perplexity/run.py [key=value ...]    e.g. model=jaxserve/tiny-code-draft num_windows=8
 
 Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults)
 and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
@@ -27,7 +27,8 @@ from config import get_config  # noqa: E402
 
 from jaxserve.config import apply_overrides  # noqa: E402
 from jaxserve.models.loading import resolve_model  # noqa: E402
-from jaxserve.quant import MatmulSettings, kernel_plan, quantization_report, quantize_params  # noqa: E402
+from jaxserve.quant import (MatmulSettings, kernel_plan, quantization_report, quantize_params,  # noqa: E402
+                            weight_bytes)
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error  # noqa: E402
 from jaxserve.train.data import encode_split, windows  # noqa: E402
 from pallas_kernels.fp4.quant_error import VARIANTS  # noqa: E402
@@ -40,7 +41,8 @@ def measure_variant(name, config, params, val, cfg):
     report = quantization_report(params, qparams)
     plan = kernel_plan(params, fmt, **opts)
     row = perplexity(qparams, config, val, MatmulSettings(cfg.impl, w4a4=w4a4), cfg.batch_size)
-    return {**row, "variant": name, "bytes": report.bytes_after, "bits_per_weight": report.bits_per_quantized_weight if report.num_quantized else float("nan"),
+    bits = report.bits_per_quantized_weight if report.num_quantized else float("nan")
+    return {**row, "variant": name, "bytes": report.bytes_after, "bits_per_weight": bits,
             "kernels": f"{report.num_quantized}/{len(plan)}"}
 
 
@@ -63,7 +65,7 @@ def measure(cfg):
         c = dataclasses.replace(config, dtype=dtype)
         p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
         rows.append({**perplexity(p, c, val, None, cfg.batch_size), "variant": dtype,
-                     "bytes": quantization_report(p, p).bytes_before, "bits_per_weight": 8 * jnp.dtype(dtype).itemsize,
+                     "bytes": weight_bytes(p), "bits_per_weight": 8 * jnp.dtype(dtype).itemsize,
                      "kernels": "none"})
         print({k: v for k, v in rows[-1].items() if k != "window_loss"}, flush=True)
     for name in cfg.variants:
