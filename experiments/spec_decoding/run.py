@@ -98,7 +98,8 @@ def main(argv):
             "date": datetime.datetime.now().isoformat(timespec="minutes"), "jax_version": jax.__version__,
             "backend": jax.default_backend(), "loadavg_start": load_start,
             "loadavg_end": " ".join(f"{x:.1f}" for x in os.getloadavg()), "smoke": cfg.smoke,
-            "target": cfg.target, "draft": cfg.draft, "method": cfg.method, "prompt_len": cfg.prompt_len, "max_tokens": cfg.max_tokens,
+            "target": cfg.target, "draft": cfg.draft, "method": cfg.method, "prompt_len": cfg.prompt_len,
+            "max_tokens": cfg.max_tokens,
             "repeats": cfg.repeats}
     tag = "" if cfg.method == "draft_model" else f"_{cfg.method}"
     stem = (f"smoke_results{tag}.json", f"SMOKE{tag}.md") if cfg.smoke else (f"results{tag}.json", f"RESULTS{tag}.md")

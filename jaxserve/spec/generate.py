@@ -59,7 +59,8 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl)
     b, lp = prompts.shape
     block_size = pool[0][0].shape[1]
     pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
-    slots = jnp.where(pos < prompt_lens[:, None], slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp), -1)
+    slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
+    slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
     meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
                              context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp)
     logits, pool = forward(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,

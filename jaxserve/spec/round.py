@@ -105,7 +105,8 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
         nxt = draw(q, u)
         return (pool, nxt), (nxt, q)
 
-    (pool, _), (xs, qs) = jax.lax.scan(step, (pool, x), (jnp.arange(1, uniforms.shape[1]), uniforms[:, 1:].swapaxes(0, 1)))
+    steps = (jnp.arange(1, uniforms.shape[1]), uniforms[:, 1:].swapaxes(0, 1))
+    (pool, _), (xs, qs) = jax.lax.scan(step, (pool, x), steps)
     tokens = jnp.concatenate([x[:, None], xs.T], axis=1)
     probs = jnp.concatenate([q[:, None], qs.swapaxes(0, 1)], axis=1)
     return tokens, probs, pool

@@ -25,7 +25,8 @@ LENS = np.array([11, 3, 7, 16])
 def perturbed(params, scale, seed):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(tree, [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tree, noisy)
 
 
 @pytest.fixture(scope="module")
