@@ -23,6 +23,9 @@ class AttentionMetadata:
     context_lens: jax.Array  # i32[B]: cached + new tokens, after this step
     cu_q_lens: jax.Array  # i32[B+1]: sequence b owns packed rows cu_q_lens[b]:cu_q_lens[b+1]
     decode_only: bool = struct.field(pytree_node=False, default=False)  # every q_len is 1 and T == B
+    # every sequence has exactly this many new tokens (T == B * uniform_q_len): lets the XLA
+    # reference gather each sequence's pages once instead of once per query token
+    uniform_q_len: int | None = struct.field(pytree_node=False, default=None)
 
 
 def resolve_impl(impl: str) -> str:
@@ -40,6 +43,9 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if meta.decode_only:
         fn = pa.paged_attention_reference if impl == "reference" else pa.paged_attention
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
+    if impl == "reference" and meta.uniform_q_len is not None:
+        return pa.uniform_paged_attention_reference(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
+                                                    meta.uniform_q_len)
     fn = pa.ragged_paged_attention_reference if impl == "reference" else pa.ragged_paged_attention
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
 

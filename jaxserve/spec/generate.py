@@ -62,7 +62,8 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl)
     slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
     meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
-                             context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp)
+                             context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp,
+                             uniform_q_len=lp)
     logits, pool = forward(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
                            attention_impl=attention_impl, logits_indices=jnp.arange(b) * lp + prompt_lens - 1)
     return logits, pool

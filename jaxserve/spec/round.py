@@ -63,7 +63,8 @@ def _multi_token_meta(inputs: RoundInputs, positions: jax.Array, block_size: int
     b, n = positions.shape
     return AttentionMetadata(slot_mapping=slots_for(inputs.block_tables, positions, block_size, inputs.active),
                              block_tables=inputs.block_tables, context_lens=positions[:, -1] + 1,
-                             cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n, decode_only=n == 1)
+                             cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n, decode_only=n == 1,
+                             uniform_q_len=None if n == 1 else n)
 
 
 def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:

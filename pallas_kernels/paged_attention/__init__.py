@@ -5,6 +5,7 @@ from pallas_kernels.paged_attention.ragged import ragged_paged_attention
 from pallas_kernels.paged_attention.reference import (
     paged_attention_reference,
     ragged_paged_attention_reference,
+    uniform_paged_attention_reference,
 )
 
 __all__ = [
@@ -13,4 +14,5 @@ __all__ = [
     "paged_attention_reference",
     "ragged_paged_attention",
     "ragged_paged_attention_reference",
+    "uniform_paged_attention_reference",
 ]

@@ -60,6 +60,36 @@ def paged_attention_reference(q, k_pages, v_pages, block_tables, lengths, *,
     return _attend(q, k, v, mask, sm_scale, soft_cap)
 
 
+def uniform_paged_attention_reference(q, k_pages, v_pages, block_tables, context_lens, q_len, *,
+                                      sm_scale=None, soft_cap=None, sliding_window=None):
+    """Every sequence has exactly ``q_len`` new tokens: q [B*q_len, H, D], rows grouped by sequence.
+
+    The ragged layout with ``cu_q_lens = arange(B+1) * q_len``, but each sequence's pages are
+    gathered once for all its queries (the ragged reference gathers them per token), which is
+    what a speculative verification pass (q_len = gamma + 1) or a padded prefill needs.
+    Sequences with context length 0 get zeros.
+    """
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    b = block_tables.shape[0]
+    h, d = q.shape[1:]
+    k = _gather_pages(k_pages, block_tables)  # [B, L, K, D]
+    v = _gather_pages(v_pages, block_tables)
+    kv_heads = k.shape[2]
+    qg = q.reshape(b, q_len, kv_heads, h // kv_heads, d).astype(jnp.float32)
+    s = jnp.einsum("bqkgd,blkd->bkgql", qg, k.astype(jnp.float32)) * sm_scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    query_pos = context_lens[:, None] - q_len + jnp.arange(q_len)[None, :]  # [B, Q]
+    key_pos = jnp.arange(k.shape[1])
+    mask = _window_mask(key_pos[None, None, :], query_pos[:, :, None], context_lens[:, None, None], sliding_window)
+    mask = mask[:, None, None]  # [B, 1, 1, Q, L]
+    s = jnp.where(mask, s, _NEG_INF)
+    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * mask
+    o = jnp.einsum("bkgql,blkd->bqkgd", p, v.astype(jnp.float32))
+    o = o / jnp.maximum(jnp.sum(p, axis=-1), 1e-30).transpose(0, 3, 1, 2)[..., None]
+    return o.reshape(b * q_len, h, d).astype(q.dtype)
+
+
 def ragged_paged_attention_reference(q, k_pages, v_pages, block_tables, context_lens, cu_q_lens, *,
                                      sm_scale=None, soft_cap=None, sliding_window=None,
                                      token_chunk=64):
