@@ -10,35 +10,18 @@ fraction of the measured copy bandwidth) as JSON to --out.
 import argparse
 import datetime
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from timing import copy_bandwidth, time_fn  # benchmarks/timing.py, beside this script
 from pallas_kernels import fp4
 
 GPU_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]  # (M, K, N); one K and N per list
 CPU_SHAPES = [(1, 256, 256), (16, 256, 256)]
 
 
-def time_fn(fn, *args, iters):
-    """Median wall time in seconds of fn(*args) after one warm-up (compile) call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def copy_bandwidth(nbytes, iters):
-    """Device copy bandwidth in bytes/s, counting bytes read plus written."""
-    a = jnp.zeros((nbytes // 4,), jnp.float32)
-    copy = jax.jit(lambda v: v + 1.0)
-    return 2 * nbytes / time_fn(copy, a, iters=iters)
 
 
 def make_weight(k, n, fmt):

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from timing import copy_bandwidth, time_fn  # benchmarks/timing.py, beside this script
 from pallas_kernels.paged_attention import (
     paged_attention,
     paged_attention_mosaic,
@@ -53,21 +52,6 @@ GRIDS = {
 }
 
 
-def time_fn(fn, *args, iters):
-    """Median seconds per call after one warm-up (compile) call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def copy_bandwidth(nbytes, iters):
-    """Device copy bandwidth in bytes/s, counting bytes read plus written."""
-    a = jnp.zeros((nbytes // 4,), jnp.float32)
-    return 2 * nbytes / time_fn(jax.jit(lambda v: v + 1.0), a, iters=iters)
 
 
 def contiguous_attention(q, k, v, lengths):
