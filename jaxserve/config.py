@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-ATTENTION_IMPLS = ("auto", "pallas", "reference")
+ATTENTION_IMPLS = ("auto", "pallas", "xla", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
@@ -125,7 +125,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    attention_impl: str = "auto"  # auto | pallas | reference
+    attention_impl: str = "auto"  # auto (pallas on GPU, xla elsewhere) | pallas | xla | reference
     quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
     seed: int = 0
 

@@ -2,7 +2,9 @@
 
 ``AttentionMetadata`` carries everything a step needs to find a sequence's K/V in the pool.
 ``paged_attention`` is the single dispatch point where the Pallas kernels plug in
-(``attention_impl``: "auto" = Pallas on GPU, the XLA reference elsewhere).
+(``attention_impl``: "pallas" = the Pallas kernels; "xla" = plain XLA that loops over the live
+pages only (``pallas_kernels.paged_attention.online``); "reference" = the gather-everything
+oracle the kernels are tested against; "auto" = Pallas on GPU, "xla" elsewhere).
 
 Axis names: B sequences, T packed tokens, H query heads, K kv heads, D head dim, M pages per
 sequence.
@@ -30,9 +32,9 @@ class AttentionMetadata:
 
 def resolve_impl(impl: str) -> str:
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "reference"
-    if impl not in ("pallas", "reference"):
-        raise ValueError(f"attention_impl must be 'auto', 'pallas' or 'reference', got {impl!r}")
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    if impl not in ("pallas", "xla", "reference"):
+        raise ValueError(f"attention_impl must be 'auto', 'pallas', 'xla' or 'reference', got {impl!r}")
     return impl
 
 
@@ -41,12 +43,14 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     """q [T, H, D] against the pool through the block tables -> [T, H, D]."""
     impl = resolve_impl(impl)
     if meta.decode_only:
-        fn = pa.paged_attention_reference if impl == "reference" else pa.paged_attention
+        fn = {"reference": pa.paged_attention_reference, "xla": pa.paged_attention_online,
+              "pallas": pa.paged_attention}[impl]
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
-    if impl == "reference" and meta.uniform_q_len is not None:
-        return pa.uniform_paged_attention_reference(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
-                                                    meta.uniform_q_len)
-    fn = pa.ragged_paged_attention_reference if impl == "reference" else pa.ragged_paged_attention
+    if impl != "pallas" and meta.uniform_q_len is not None:
+        fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
+        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len)
+    # "xla" has no ragged variant of its own yet: mixed prefill/decode steps use the reference
+    fn = pa.ragged_paged_attention if impl == "pallas" else pa.ragged_paged_attention_reference
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
 
 

@@ -1,0 +1,62 @@
+"""The live-pages XLA path (online softmax over page chunks) equals the gather-everything references."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.paged_attention import (
+    paged_attention_online,
+    paged_attention_reference,
+    uniform_paged_attention_online,
+    uniform_paged_attention_reference,
+)
+
+
+@pytest.mark.parametrize("lengths, page_size, pages_per_step, max_pages", [
+    ([1, 5, 17, 40], 4, 1, None),       # one page per loop step
+    ([3, 33, 64, 0], 8, 3, 9),          # table width not a multiple of the step; an empty sequence
+    ([100, 7], 16, None, 12),           # default step size, a mostly padded table
+])
+def test_decode_equals_reference(decode_case, lengths, page_size, pages_per_step, max_pages):
+    q, k, v, tables, lens = decode_case(lengths, heads=8, kv_heads=2, head_dim=16, page_size=page_size,
+                                        max_pages=max_pages)
+    want = paged_attention_reference(q, k, v, tables, lens)
+    got = paged_attention_online(q, k, v, tables, lens, pages_per_step=pages_per_step)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window, cap, dtype, atol", [(None, None, jnp.float32, 2e-6), (6, None, jnp.float32, 2e-6),
+                                                      (None, 20.0, jnp.float32, 2e-6), (None, None, jnp.bfloat16, 2e-2)])
+def test_decode_options(decode_case, window, cap, dtype, atol):
+    q, k, v, tables, lens = decode_case([9, 30, 2], heads=4, kv_heads=4, head_dim=8, page_size=4, dtype=dtype)
+    kw = dict(sliding_window=window, soft_cap=cap)
+    want = paged_attention_reference(q, k, v, tables, lens, **kw)
+    got = paged_attention_online(q, k, v, tables, lens, pages_per_step=2, **kw)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol)
+
+
+@pytest.mark.parametrize("q_len, window", [(2, None), (5, None), (4, 3)])
+def test_uniform_equals_reference(q_len, window):
+    rng = np.random.default_rng(q_len)
+    pages, page, kv_heads, heads, dim, seqs, per_seq = 30, 4, 2, 4, 16, 4, 6
+    k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    tables = jnp.asarray(rng.permutation(pages)[: seqs * per_seq].reshape(seqs, per_seq), jnp.int32)
+    context = jnp.asarray([q_len, 9 + q_len, 23, 0], jnp.int32)
+    q = jnp.asarray(rng.normal(size=(seqs * q_len, heads, dim)), jnp.float32)
+    want = uniform_paged_attention_reference(q, k, v, tables, context, q_len, sliding_window=window)
+    got = uniform_paged_attention_online(q, k, v, tables, context, q_len, pages_per_step=2, sliding_window=window)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_array_equal(got[3 * q_len:], 0)
+
+
+def test_pages_past_the_longest_sequence_are_never_read(decode_case):
+    """The loop stops at the longest live length: garbage in later table entries cannot matter."""
+    q, k, v, tables, lens = decode_case([5, 11], heads=2, kv_heads=1, head_dim=8, page_size=4, max_pages=6)
+    live = set(np.asarray(tables[:, :3]).ravel().tolist())
+    spare = min(set(range(k.shape[0])) - live)
+    k_bad = k.at[spare].set(jnp.nan)  # table entries past the live pages point at a poisoned page
+    tables_bad = tables.at[:, 3:].set(spare)
+    got = paged_attention_online(q, k_bad, v, tables_bad, lens, pages_per_step=1)
+    want = paged_attention_reference(q, k, v, tables, lens)
+    np.testing.assert_allclose(got, want, atol=2e-6)
