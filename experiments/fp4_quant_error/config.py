@@ -10,8 +10,7 @@ class QuantErrorConfig:
     # "gaussian" or "student_t<df>" (heavy-tailed; df 3..5 bracket LLM weight kurtosis)
     distributions: tuple = ("gaussian", "student_t3", "student_t4", "student_t5")
     variants: tuple = ("nvfp4", "mxfp4_floor", "mxfp4_ceil", "fp8_tensor", "fp8_channel", "int4_g128")
-    out_dir: str = "experiments/fp4_quant_error"
 
 
-def get_config() -> QuantErrorConfig:
-    return QuantErrorConfig()
+CONFIG = QuantErrorConfig()
+SMOKE = ("rows=256", "cols=256", "seeds=[0]", "distributions=[gaussian,student_t3]")

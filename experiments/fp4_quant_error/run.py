@@ -1,24 +1,16 @@
-"""Quantization error (MSE, SQNR) of NVFP4 vs MXFP4 (both scale rules) vs FP8 vs INT4-g128.
+"""Quantization error: NVFP4 vs MXFP4 (both scale rules) vs FP8 vs INT4-g128 on synthetic matrices.
 
-    python experiments/fp4_quant_error/run.py [key=value ...]     e.g. rows=512 cols=512 seeds=[0]
+    python -m experiments.fp4_quant_error [key=value ...]     e.g. rows=512 cols=512 seeds=[0]
 
-Writes results.json and RESULTS.md into cfg.out_dir. Synthetic matrices only for now; model
-weights go through the same `pallas_kernels.fp4.quant_error.quantization_error(array, variant)`.
+MSE and SQNR per format and distribution (mean over seeds). Synthetic matrices only; model weights
+go through the same `pallas_kernels.fp4.quant_error.quantization_error(array, variant)`
+(see experiments/fp4_perplexity).
 """
-import datetime
-import json
-import os
-import shlex
-import sys
+import itertools
 
-import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from config import get_config  # noqa: E402
-
-from jaxserve.config import apply_overrides  # noqa: E402
-from pallas_kernels.fp4.quant_error import quantization_error  # noqa: E402
+from pallas_kernels.fp4.quant_error import quantization_error
 
 
 def synthetic_matrix(distribution, shape, seed):
@@ -31,34 +23,20 @@ def synthetic_matrix(distribution, shape, seed):
     raise ValueError(f"unknown distribution {distribution!r}")
 
 
-def measure(cfg):
+def measure(cfg, progress=iter):
+    """One row per (distribution, variant): MSE and SQNR averaged over cfg.seeds."""
+    per = {}  # (distribution, seed) -> {variant: quantization_error(...)}
+    for dist, s in progress(list(itertools.product(cfg.distributions, cfg.seeds))):
+        per[dist, s] = {v: quantization_error(synthetic_matrix(dist, (cfg.rows, cfg.cols), s), v) for v in cfg.variants}
     rows = []
     for dist in cfg.distributions:
-        per_seed = [{v: quantization_error(synthetic_matrix(dist, (cfg.rows, cfg.cols), s), v) for v in cfg.variants}
-                    for s in cfg.seeds]
         for v in cfg.variants:
-            sqnr = [r[v]["sqnr_db"] for r in per_seed]
-            mse = [r[v]["mse"] for r in per_seed]
+            sqnr = [per[dist, s][v]["sqnr_db"] for s in cfg.seeds]
+            mse = [per[dist, s][v]["mse"] for s in cfg.seeds]
             rows.append({"distribution": dist, "variant": v, "mse": float(np.mean(mse)),
                          "sqnr_db": float(np.mean(sqnr)), "sqnr_db_min": min(sqnr), "sqnr_db_max": max(sqnr),
-                         "bits_per_element": per_seed[0][v]["bits_per_element"]})
+                         "bits_per_element": per[dist, cfg.seeds[0]][v]["bits_per_element"]})
     return rows
-
-
-def markdown(rows, meta):
-    lines = [
-        "# Quantization error: NVFP4 vs MXFP4 vs FP8 vs INT4-g128 (synthetic matrices)", "",
-        f"Command: `{meta['command']}`  ",
-        f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); "
-        f"matrices {meta['shape'][0]}x{meta['shape'][1]} quantized along axis 0, seeds {meta['seeds']}.", "",
-        "SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2), mean over seeds (min..max in brackets); "
-        "MSE is for unit-scale inputs. Bits per element count codes, block scales and the tensor scale.", "",
-        "| distribution | variant | bits/elem | MSE | SQNR dB |", "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['distribution']} | {r['variant']} | {r['bits_per_element']:.3f} | {r['mse']:.4e} | "
-                     f"{r['sqnr_db']:.2f} ({r['sqnr_db_min']:.2f}..{r['sqnr_db_max']:.2f}) |")
-    lines += ["", *gap_summary(rows)]
-    return "\n".join(lines) + "\n"
 
 
 def gap_summary(rows):
@@ -73,20 +51,35 @@ def gap_summary(rows):
     return out
 
 
-def main(argv):
-    cfg = apply_overrides(get_config(), argv)
-    rows = measure(cfg)
-    meta = {"command": " ".join(["python", "experiments/fp4_quant_error/run.py"] + [shlex.quote(a) for a in argv]),
-            "date": datetime.date.today().isoformat(), "jax_version": jax.__version__,
-            "backend": jax.default_backend(), "shape": [cfg.rows, cfg.cols], "seeds": list(cfg.seeds)}
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    with open(os.path.join(cfg.out_dir, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    text = markdown(rows, meta)
-    with open(os.path.join(cfg.out_dir, "RESULTS.md"), "w") as f:
-        f.write(text)
-    print(text)
+def plot(ax, rows, cfg):
+    width = 0.8 / len(cfg.variants)
+    for i, v in enumerate(cfg.variants):
+        ys = [next(r["sqnr_db"] for r in rows if r["distribution"] == d and r["variant"] == v)
+              for d in cfg.distributions]
+        ax.bar(np.arange(len(cfg.distributions)) + i * width, ys, width, label=v)
+    ax.set_xticks(np.arange(len(cfg.distributions)) + 0.4 - width / 2, cfg.distributions)
+    ax.set_ylabel("SQNR (dB, higher is better)")
+    ax.set_ylim(0, 1.3 * max(r["sqnr_db"] for r in rows))  # room for the legend
+    ax.legend(fontsize="small", ncols=3)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def run(cfg, out):
+    rows = measure(cfg, lambda units: out.progress(units, desc="matrices"))
+    out.text(f"Matrices {cfg.rows}x{cfg.cols} quantized along axis 0, seeds {list(cfg.seeds)}. "
+             "SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2), mean over seeds (min..max in brackets); "
+             "MSE is for unit-scale inputs. Bits per element count codes, block scales and the tensor scale.")
+    out.table("sqnr", rows, {"distribution": "distribution", "variant": "variant", "bits_per_element": "bits/elem",
+                             "mse": "MSE", "sqnr_db": "SQNR dB"},
+              fmt={"bits_per_element": ".3f", "mse": ".4e",
+                   "sqnr_db": lambda r: f"{r['sqnr_db']:.2f} ({r['sqnr_db_min']:.2f}..{r['sqnr_db_max']:.2f})"})
+    out.text("\n".join(gap_summary(rows)))
+    with out.figure("sqnr", "SQNR per format and weight distribution") as ax:
+        plot(ax, rows, cfg)
+
+
+if __name__ == "__main__":  # python experiments/fp4_quant_error/run.py: an alias of python -m experiments.fp4_quant_error
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from experiments.harness import main
+    main("fp4_quant_error")
