@@ -74,8 +74,8 @@ def model_table(out) -> None:
                                "KV B/token nvfp4", "weights_gb_bf16": "weights GB bf16",
                                "weights_gb_fp8": "GB fp8", "weights_gb_nvfp4": "GB nvfp4"},
               title="Models: parameters derived from the architecture vs published; KV bytes per token (all layers)",
-              fmt={**billions, "kv_bytes_per_token_bf16": ".0f", "kv_bytes_per_token_nvfp4": ".0f", "weights_gb_bf16": ".1f", "weights_gb_fp8": ".1f",
-                   "weights_gb_nvfp4": ".1f"})
+              fmt={**billions, "kv_bytes_per_token_bf16": ".0f", "kv_bytes_per_token_nvfp4": ".0f",
+                   "weights_gb_bf16": ".1f", "weights_gb_fp8": ".1f", "weights_gb_nvfp4": ".1f"})
 
 
 def predictions(cfg, out) -> None:
