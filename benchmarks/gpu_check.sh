@@ -42,6 +42,15 @@ step bench_paged_attention 150 python benchmarks/paged_attention.py --out "$OUT/
 if [[ -f benchmarks/fp4_matmul.py ]]; then
   step bench_fp4_matmul 100 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
 fi
+# The roofline model (jaxserve/perfmodel.py) against jaxserve's measured decode step on this GPU
+# (experiments/blackwell_roofline, its config.GPU overrides). It imports jaxserve, which needs
+# omegaconf: not in the GPU image, so carry its wheel (and antlr4-python3-runtime 4.9) to run it.
+if python -c "import omegaconf" 2>/dev/null; then
+  step roofline 60 python -c "import sys; from experiments.blackwell_roofline.config import GPU; \
+from experiments.harness import main; main('blackwell_roofline', [*GPU, 'out_dir=' + sys.argv[1]])" "$OUT/roofline"
+else
+  echo "== roofline: skipped, omegaconf missing"; printf 'roofline\tskipped\t0\n' >> "$STATUS"
+fi
 # The Mosaic GPU kernel has never run on hardware: its own steps, last, so a crash costs nothing else.
 step pytest_gpu_mosaic 90 python -m pytest -m gpu "$MOSAIC_TESTS" -q -rfEs -p no:cacheprovider --continue-on-collection-errors
 step bench_mosaic 90 python benchmarks/paged_attention.py --impls mosaic,pallas,contiguous --limit 4 \
@@ -71,6 +80,11 @@ for pa in (out / "paged_attention.json", out / "paged_attention_mosaic.json"):
         print(f"{r['batch']:>4} {r['context']:>6} {r['heads']:>3}/{r['kv_heads']:<2} {r['head_dim']:>4} "
               f"{r['block_size']:>4} {r['impl']:>11} {r['time_ms']:>8.3f} {r['gb_per_s']:>7.1f} "
               f"{r['pct_copy_bw']:>6.1f} {r.get('vs_contiguous', float('nan')):>8.2f}")
+roof = out / "roofline" / "results.json"
+if roof.exists():
+    for r in json.loads(roof.read_text())["tables"].get("validation", []):
+        print(f"roofline b={r['batch']:>4} ctx={r['context']:>5} measured {r['measured_ms']:.3f} ms, "
+              + ", ".join(f"{k[5:-3]} {r[k]:.3f} ms (x{r['ratio_' + k[5:-3]]:.2f})" for k in r if k.startswith("pred_")))
 fp4 = out / "fp4.json"
 if fp4.exists():
     data = json.loads(fp4.read_text())

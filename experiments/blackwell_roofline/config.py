@@ -25,6 +25,7 @@ class RooflineConfig:
     val_batches: tuple[int, ...] = (1, 4, 16, 64)
     val_contexts: tuple[int, ...] = (128, 512)  # power-of-two multiples of the 16-token block
     val_iters: int = 10  # timed repetitions per measurement (median reported)
+    val_attention: str = "auto"  # the runner's attention_impl ("auto": Pallas on GPU, XLA elsewhere)
     bw_bytes: int = 256 * 2 ** 20  # array size of the bandwidth microbenchmarks
     matmul_n: int = 1024  # n of the n x n x n matmul that measures FLOP/s
     seed: int = 0
@@ -47,5 +48,5 @@ SMOKE = ("batches=[1,8,64]", "val_model=tiny-llama", "val_batches=[4]", "val_con
          "bw_bytes=16777216", "matmul_n=256")
 # On the GPU machine (benchmarks/gpu_check.sh): a 4-layer Llama-3-8B in bf16, large enough that a
 # step takes about a millisecond.
-GPU = ("device=gpu", "val_model=llama3-8b", "val_num_layers=4", "val_batches=[1,16,64,256]", "val_contexts=[1024]",
+GPU = ("device=gpu", "val_model=llama3-8b", "val_num_layers=4", "val_batches=[1,16,128]", "val_contexts=[1024]",
        "bw_bytes=1073741824", "matmul_n=8192")

@@ -7,13 +7,14 @@ checks the model against jaxserve's own measured decode step on this machine (va
 """
 from __future__ import annotations
 
-from experiments.blackwell_roofline.validate import validate
+from experiments.blackwell_roofline.validate import check_device, validate
 from jaxserve import perfmodel as pm
 
 _STYLE = {"bf16": "-", "fp8": "--", "nvfp4": ":", "mxfp4": "-."}
 
 
 def run(cfg, out) -> None:
+    check_device(cfg)
     out.text(f"Roofline: step time = max(bytes / bandwidth, FLOPs / peak) + TP all-reduce time, with datasheet "
              f"peaks (dense, no sparsity) and no launch or scheduling overhead, so an upper bound on throughput. "
              f"Each sequence attends to {cfg.context} tokens; weights and KV cache in the named format "

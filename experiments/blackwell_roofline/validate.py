@@ -21,10 +21,14 @@ from jaxserve.models import get_preset, init_params
 _FORMATS = {"float32": "fp32", "bfloat16": "bf16"}
 
 
-def validate(cfg, out) -> None:
+def check_device(cfg) -> None:
+    """Refuses a validation device that JAX does not run on (called before any work)."""
     backend = jax.default_backend()
-    if cfg.device != backend:
+    if cfg.device not in ("none", backend):
         raise ValueError(f"device={cfg.device!r} but JAX's default backend is {backend!r}")
+
+
+def validate(cfg, out) -> None:
     config = get_preset(cfg.val_model)
     if cfg.val_num_layers:
         config = config.replace(num_layers=cfg.val_num_layers)
@@ -46,7 +50,7 @@ def validate(cfg, out) -> None:
     params = init_params(config, jax.random.key(cfg.seed))
     rows = []
     for ctx, b in out.progress(list(itertools.product(cfg.val_contexts, cfg.val_batches)), desc="decode steps"):
-        seconds = time_decode_step(config, params, b, ctx, cfg.val_iters)
+        seconds = time_decode_step(config, params, b, ctx, cfg.val_iters, attention_impl=cfg.val_attention)
         row = {"context": ctx, "batch": b, "measured_ms": seconds * 1e3}
         for label, hw in profiles.items():
             e = pm.decode_step(profile, hw, prec, b, ctx)
@@ -60,7 +64,7 @@ def validate(cfg, out) -> None:
 
 def _report(cfg, out, config, ceil, profiles, rows, loads) -> None:
     out.text(f"## Validation on this machine ({ceil['device']})\n\n"
-             f"jaxserve's decode step (`ModelRunner.execute`, attention_impl=auto, host packing and result "
+             f"jaxserve's decode step (`ModelRunner.execute`, attention_impl={cfg.val_attention}, host packing and result "
              f"transfer included) on `{cfg.val_model}` with random weights ({config.num_layers} layers, "
              f"{config.dtype}), median of {cfg.val_iters}, against the roofline with this device's measured "
              f"ceilings. 1-minute load average {loads[0]:.2f} before, {loads[1]:.2f} after.")
