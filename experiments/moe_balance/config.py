@@ -18,9 +18,9 @@ class BalanceConfig:
     num_experts: int = 16
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 64
-    log_every: int = 25
-    out_dir: str = "experiments/moe_balance"
+    log_every: int = 25  # RESULTS.md lists MaxVio_batch every 4 * log_every steps from step log_every
 
 
-def get_config() -> BalanceConfig:
-    return BalanceConfig()
+CONFIG = BalanceConfig()
+SMOKE = ("variants=[loss_free:0.01]", "steps=8", "batch_size=4", "seq_len=32", "val_windows=16",
+         "hidden_size=32", "num_layers=1", "num_experts=4", "moe_intermediate_size=32", "log_every=2")

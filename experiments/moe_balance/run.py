@@ -1,30 +1,21 @@
 """Loss-free balancing vs auxiliary loss vs nothing on a tiny byte-level MoE LM (Wang et al. 2024, small).
 
-    python experiments/moe_balance/run.py [key=value ...]     e.g. steps=100 variants=[none]
+    python -m experiments.moe_balance [key=value ...]     e.g. steps=100 variants=[none]
 
-Writes results.json and RESULTS.md into cfg.out_dir: MaxVio_batch over training, MaxVio_global and
-perplexity on held-out windows, per variant.
+MaxVio_batch over training, MaxVio_global and perplexity on held-out windows, per variant.
 """
-import datetime
-import json
-import os
-import shlex
-import sys
 import time
 
 import jax
 import numpy as np
 import optax
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from config import get_config  # noqa: E402
-
-from jaxserve.config import ModelConfig, apply_overrides  # noqa: E402
-from jaxserve.models.transformer import init_params  # noqa: E402
-from jaxserve.moe import init_router_state  # noqa: E402
-from jaxserve.moe.training import evaluate_balance, make_moe_train_step  # noqa: E402
-from jaxserve.train.corpus import load_documents  # noqa: E402
-from jaxserve.train.data import windows  # noqa: E402
+from jaxserve.config import ModelConfig
+from jaxserve.models.transformer import init_params
+from jaxserve.moe import init_router_state
+from jaxserve.moe.training import evaluate_balance, make_moe_train_step
+from jaxserve.train.corpus import load_documents
+from jaxserve.train.data import windows
 
 
 def byte_windows(split, seq_len):
@@ -59,43 +50,46 @@ def run_variant(cfg, config, variant, train_w, val_w):
             "train_loss_last20pct": float(np.mean([c["loss"] for c in tail]))}
 
 
-def write(cfg, config, rows, command):
-    with open(os.path.join(cfg.out_dir, "results.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    marks = [s for s in range(cfg.log_every, cfg.steps + 1, cfg.log_every * 4)]
-    lines = ["# Loss-free balancing vs auxiliary loss (tiny byte-level MoE LM on pycode)", "",
-             f"Command: `{command}`  ",
-             f"Date: {datetime.date.today()}; JAX {jax.__version__} ({jax.default_backend()}); 2-core CPU shared "
-             f"with other jobs. Model: {config.num_layers} MoE layers, hidden {config.hidden_size}, "
-             f"{config.num_experts} experts top-{config.num_experts_per_tok} (width {config.moe_intermediate_size}), "
-             f"sigmoid router, vocab 256 (bytes); {cfg.steps} AdamW steps (lr {cfg.lr}) of {cfg.batch_size}x"
-             f"{cfg.seq_len} tokens ({cfg.steps * cfg.batch_size * cfg.seq_len / 1e6:.2f}M tokens); held-out: "
-             f"{cfg.val_windows} windows of the val split. MaxVio = (max load - mean load) / mean load, "
-             "averaged over layers.", "",
-             "| variant | MaxVio_batch (last 20% of steps) | MaxVio_global (held-out) | val ppl | train loss | s |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['variant']} | {r['max_vio_batch_last20pct']:.3f} | {r['max_vio_global']:.3f} | "
-                     f"{r['val_ppl']:.3f} | {r['train_loss_last20pct']:.3f} | {r['seconds']:.0f} |")
-    lines += ["", "MaxVio_batch during training (steps " + ", ".join(map(str, marks)) + "):", ""]
-    for r in rows:
-        lines.append(f"- {r['variant']}: " + ", ".join(f"{r['curve'][s - 1]['max_vio']:.2f}" for s in marks))
-    with open(os.path.join(cfg.out_dir, "RESULTS.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+def describe(cfg, config):
+    return (f"Model: {config.num_layers} MoE layers, hidden {config.hidden_size}, {config.num_experts} experts "
+            f"top-{config.num_experts_per_tok} (width {config.moe_intermediate_size}), sigmoid router, vocab 256 "
+            f"(bytes); {cfg.steps} AdamW steps (lr {cfg.lr}) of {cfg.batch_size}x{cfg.seq_len} tokens "
+            f"({cfg.steps * cfg.batch_size * cfg.seq_len / 1e6:.2f}M tokens); held-out: {cfg.val_windows} windows "
+            "of the val split. MaxVio = (max load - mean load) / mean load, averaged over layers. "
+            "Seconds are wall time on the machine above (shared: not comparable between variants).")
 
 
-def main(argv):
-    cfg = apply_overrides(get_config(), argv)
+def plot(ax, rows):
+    for r in rows:
+        ax.plot([c["step"] for c in r["curve"]], [c["max_vio"] for c in r["curve"]], label=r["variant"], lw=1)
+    ax.set(xlabel="training step", ylabel="MaxVio_batch", yscale="log")
+    ax.legend(fontsize="small")
+
+
+def run(cfg, out):
     config = model_config(cfg)
     train_w = byte_windows("train", cfg.seq_len)
     val_w = byte_windows("val", cfg.seq_len)[:cfg.val_windows]
     rows = []
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    for variant in cfg.variants:  # results are rewritten after each variant: a cut-short run keeps its rows
+    for variant in out.progress(cfg.variants, desc="variants"):
         rows.append(run_variant(cfg, config, variant, train_w, val_w))
-        print({k: v for k, v in rows[-1].items() if k != "curve"}, flush=True)
-        write(cfg, config, rows, " ".join(["python", "experiments/moe_balance/run.py", *map(shlex.quote, argv)]))
+        out.json("runs", rows)  # rewritten after each variant: a cut-short run keeps its rows
+    out.text(describe(cfg, config))
+    out.table("variants", rows, {"variant": "variant", "max_vio_batch_last20pct": "MaxVio_batch (last 20% of steps)",
+                                 "max_vio_global": "MaxVio_global (held-out)", "val_ppl": "val ppl",
+                                 "train_loss_last20pct": "train loss", "seconds": "s"},
+              fmt={"max_vio_batch_last20pct": ".3f", "max_vio_global": ".3f", "val_ppl": ".3f",
+                   "train_loss_last20pct": ".3f", "seconds": ".0f"})
+    marks = list(range(cfg.log_every, cfg.steps + 1, cfg.log_every * 4))
+    out.text(f"MaxVio_batch during training (steps {', '.join(map(str, marks))}):\n\n" + "\n".join(
+        f"- {r['variant']}: " + ", ".join(f"{r['curve'][s - 1]['max_vio']:.2f}" for s in marks) for r in rows))
+    with out.figure("max_vio_batch", "MaxVio_batch over training, per balancing variant") as ax:
+        plot(ax, rows)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # an alias of python -m experiments.moe_balance
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from experiments.harness import main
+    main("moe_balance")

@@ -4,7 +4,7 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class EPTimingConfig:
-    meshes: tuple = ("expert=8", "data=2,expert=4")  # over 8 simulated CPU devices
+    meshes: tuple = ("expert=8", "data=2,expert=4")  # over the 8 simulated CPU devices __main__.py asks for
     tokens_per_device: tuple = (16, 64, 256)
     capacity_factors: tuple = (0.0, 1.25)  # 0: dropless worst-case capacity T_l * min(k, E_l)
     hidden_size: int = 256
@@ -12,8 +12,7 @@ class EPTimingConfig:
     num_experts: int = 16
     num_experts_per_tok: int = 2
     repeats: int = 5  # timed calls per point after one warm-up; the table reports the median
-    out_dir: str = "experiments/moe_ep"
 
 
-def get_config() -> EPTimingConfig:
-    return EPTimingConfig()
+CONFIG = EPTimingConfig()
+SMOKE = ("meshes=[expert=8]", "tokens_per_device=[16]", "hidden_size=64", "moe_intermediate_size=64", "repeats=1")

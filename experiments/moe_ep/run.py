@@ -1,31 +1,21 @@
-"""Time the expert-parallel MoE layer and its all-to-all alone vs tokens per device (8 CPU devices).
+"""Expert-parallel MoE: the all-to-all alone and the whole layer vs tokens per device (8 simulated CPU devices).
 
-    python experiments/moe_ep/run.py [key=value ...]     e.g. tokens_per_device=[16,64] repeats=3
+    python -m experiments.moe_ep [key=value ...]     e.g. tokens_per_device=[16,64] repeats=3
 
-Writes results.json and RESULTS.md into cfg.out_dir. Bytes are those of one padded all_to_all
-(dispatch; combine moves the same): the send buffers of all devices, D * N * C * H * 4, and the
-live part of it, T * k * H * 4 (what a ragged all-to-all would move; XLA:CPU cannot run one).
+Bytes are those of one padded all_to_all (dispatch; combine moves the same): the send buffers of
+all devices, D * N * C * H * 4, and the live part of it, T * k * H * 4 (what a ragged all-to-all
+would move; XLA:CPU cannot run one). ``__main__.py`` asks XLA for 8 host devices before jax loads.
 """
-import os
+import itertools
+import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+import jax.numpy as jnp
 
-import datetime  # noqa: E402
-import json  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from config import get_config  # noqa: E402
-
-from jaxserve.config import ModelConfig, apply_overrides  # noqa: E402
-from jaxserve.moe import MoEBlock  # noqa: E402
-from jaxserve.moe.parallel import ep_capacity, exchange_only, expert_parallel_moe  # noqa: E402
-from jaxserve.parallel import make_mesh  # noqa: E402
+from jaxserve.config import ModelConfig
+from jaxserve.moe import MoEBlock
+from jaxserve.moe.parallel import ep_capacity, exchange_only, expert_parallel_moe
+from jaxserve.parallel import make_mesh
 
 
 def median_ms(fn, *args, repeats):
@@ -54,43 +44,56 @@ def point(cfg, model, weights, axes, t_local, cf):
                 live_bytes=devices * t_local * model.num_experts_per_tok * cfg.hidden_size * 4)
 
 
-def write(cfg, rows, command):
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    with open(os.path.join(cfg.out_dir, "results.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    lines = ["# Expert-parallel all-to-all vs tokens per device (8 simulated CPU devices)", "",
-             f"Command: `{command}`  ",
-             f"Date: {datetime.date.today()}; JAX {jax.__version__} ({jax.default_backend()}); "
-             f"machine: 2-core CPU shared with other jobs, 8 devices simulated with "
-             f"--xla_force_host_platform_device_count=8; H={cfg.hidden_size}, I={cfg.moe_intermediate_size}, "
-             f"E={cfg.num_experts}, k={cfg.num_experts_per_tok}, float32, median of {cfg.repeats} calls.", "",
-             "a2a = dispatch + combine all_to_all alone (two collectives on the padded [N, C, H] send buffers); "
-             "layer = the whole EP MoE layer (route, pack, a2a, grouped matmul, a2a, combine). "
-             "sent = bytes of one padded all_to_all over all devices; live = the routed rows in it.", "",
-             "| mesh | tokens/device | capacity factor | C | dropped/assignments | a2a ms | layer ms | "
-             "sent MiB | live MiB |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['mesh']} | {r['tokens_per_device']} | {r['capacity_factor'] or 'dropless'} | "
-                     f"{r['capacity']} | {r['dropped']}/{r['assignments']} | {r['a2a_ms']:.2f} | {r['layer_ms']:.2f} | "
-                     f"{r['sent_bytes'] / 2**20:.2f} | {r['live_bytes'] / 2**20:.2f} |")
-    with open(os.path.join(cfg.out_dir, "RESULTS.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+def parse_mesh(spec):
+    """"data=2,expert=4" -> {"data": 2, "expert": 4}."""
+    return {k: int(v) for k, v in (a.split("=") for a in spec.split(","))}
 
 
-def main(argv):
-    cfg = apply_overrides(get_config(), argv)
+def plot(axes, rows):
+    for mesh, cf in dict.fromkeys((r["mesh"], r["capacity_factor"]) for r in rows):
+        rs = [r for r in rows if r["mesh"] == mesh and r["capacity_factor"] == cf]
+        label = f"{mesh}, {'dropless' if not cf else f'cf {cf}'}"
+        t = [r["tokens_per_device"] for r in rs]
+        axes[0].plot(t, [r["a2a_ms"] for r in rs], "o-", label=label)
+        axes[1].plot(t, [r["layer_ms"] for r in rs], "o-", label=label)
+    for ax, what in zip(axes, ["dispatch + combine all_to_all (ms)", "whole EP MoE layer (ms)"]):
+        ax.set(xscale="log", yscale="log", xlabel="tokens per device", ylabel=what)
+    axes[0].legend(fontsize="small")
+
+
+def run(cfg, out):
+    if jax.device_count() < 8:
+        raise RuntimeError(f"moe_ep needs 8 devices, jax has {jax.device_count()}: "
+                           "run it as python -m experiments.moe_ep (its __main__ sets XLA_FLAGS)")
     model = ModelConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.moe_intermediate_size,
                         num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok, router="qwen3_moe")
     weights = MoEBlock(model).init(jax.random.key(0), jnp.zeros((1, cfg.hidden_size)))["params"]
-    rows = []
-    for spec in cfg.meshes:
-        axes = {k: int(v) for k, v in (a.split("=") for a in spec.split(","))}
-        for t_local in cfg.tokens_per_device:
-            for cf in cfg.capacity_factors:
-                rows.append(point(cfg, model, weights, axes, t_local, cf))
-                print(rows[-1], flush=True)
-    write(cfg, rows, " ".join(["python", "experiments/moe_ep/run.py", *map(shlex.quote, argv)]))
+    units = list(itertools.product(cfg.meshes, cfg.tokens_per_device, cfg.capacity_factors))
+    rows = [point(cfg, model, weights, parse_mesh(spec), t_local, cf)
+            for spec, t_local, cf in out.progress(units, desc="points")]
+    out.text(f"H={cfg.hidden_size}, I={cfg.moe_intermediate_size}, E={cfg.num_experts}, k={cfg.num_experts_per_tok}, "
+             f"float32, median of {cfg.repeats} calls; the 8 devices are simulated with "
+             "--xla_force_host_platform_device_count=8 (threads of one CPU process).\n\n"
+             "a2a = dispatch + combine all_to_all alone (two collectives on the padded [N, C, H] send buffers); "
+             "layer = the whole EP MoE layer (route, pack, a2a, grouped matmul, a2a, combine). "
+             "sent = bytes of one padded all_to_all over all devices; live = the routed rows in it.")
+    out.table("points", rows, {"mesh": "mesh", "tokens_per_device": "tokens/device",
+                               "capacity_factor": "capacity factor", "capacity": "C",
+                               "dropped": "dropped/assignments", "a2a_ms": "a2a ms", "layer_ms": "layer ms",
+                               "sent_bytes": "sent MiB", "live_bytes": "live MiB"},
+              fmt={"capacity_factor": lambda r: str(r["capacity_factor"] or "dropless"),
+                   "dropped": lambda r: f"{r['dropped']}/{r['assignments']}", "a2a_ms": ".2f", "layer_ms": ".2f",
+                   "sent_bytes": lambda r: f"{r['sent_bytes'] / 2**20:.2f}",
+                   "live_bytes": lambda r: f"{r['live_bytes'] / 2**20:.2f}"})
+    with out.figure("time_vs_tokens", "all_to_all alone and the whole layer vs tokens per device", ncols=2,
+                    figsize=(10, 4)) as axes:
+        plot(axes, rows)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # an alias of python -m experiments.moe_ep
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    sys.exit(subprocess.call([sys.executable, "-m", "experiments.moe_ep", *sys.argv[1:]], env=env))

@@ -1,0 +1,121 @@
+"""Every experiment's smoke preset, run as users run it: ``python -m experiments.<name> preset=smoke``.
+
+Experiments are discovered from ``experiments/*/__main__.py``, so a new one is covered without
+editing this file. Each run goes to a temporary ``out_dir``; the test checks the harness contract
+(files, metadata, resolved config, tables, figures) and, where ``CHECKS`` has an entry, invariants
+of the experiment's own numbers that hold at any size.
+"""
+import dataclasses
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import harness
+
+ROOT = harness.ROOT
+NAMES = sorted(os.path.basename(os.path.dirname(p))
+               for p in glob.glob(os.path.join(ROOT, "experiments", "*", "__main__.py")))
+META_KEYS = {"experiment", "command", "preset", "date", "machine", "load_average", "python", "jax_version",
+             "jaxlib_version", "backend", "devices", "git_commit", "complete", "seconds"}
+
+
+def _rows(results, prefix):
+    return [r for name, rows in results["tables"].items() if name.startswith(prefix) for r in rows]
+
+
+def check_fp4_quant_error(res):
+    by = {(r["distribution"], r["variant"]): r for r in res["tables"]["sqnr"]}
+    for dist in res["config"]["distributions"]:
+        # NVFP4's 16-element E4M3 scales beat MXFP4's 32-element power-of-two scales; FP8 beats both
+        assert by[dist, "nvfp4"]["sqnr_db"] > by[dist, "mxfp4_floor"]["sqnr_db"], dist
+        assert by[dist, "fp8_tensor"]["sqnr_db"] > by[dist, "nvfp4"]["sqnr_db"] + 5, dist
+        assert by[dist, "nvfp4"]["bits_per_element"] == pytest.approx(4.5, abs=0.01)
+
+
+def check_fp4_perplexity(res):
+    rows = _rows(res, "ppl/")
+    assert rows[0]["variant"] == res["config"]["baselines"][0] and rows[0]["delta_loss"] == 0
+    for r in rows:
+        assert 1 < r["val_ppl"] < res["model_configs"][res["config"]["models"][0]]["vocab_size"]
+        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+    assert all(r["bits_per_weight"] == pytest.approx(4.5, abs=0.05) for r in rows if r["variant"].startswith("nvfp4"))
+
+
+def check_moe_balance(res):
+    for r in res["tables"]["variants"]:
+        assert 0 <= r["max_vio_global"] <= res["config"]["num_experts"] - 1  # max load <= all assignments
+        assert 1 < r["val_ppl"] < 256  # byte-level vocabulary
+    assert [len(r["curve"]) for r in res["runs"]] == [res["config"]["steps"]] * len(res["runs"])
+
+
+def check_moe_ep(res):
+    for r in res["tables"]["points"]:
+        assert r["sent_bytes"] >= r["live_bytes"] > 0
+        assert (r["dropped"] == 0) if r["capacity_factor"] == 0 else (0 <= r["dropped"] < r["assignments"])
+
+
+CHECKS = {"fp4_quant_error": check_fp4_quant_error, "fp4_perplexity": check_fp4_perplexity,
+          "moe_balance": check_moe_balance, "moe_ep": check_moe_ep}
+
+
+def test_every_experiment_is_discovered():
+    assert {"fp4_quant_error", "fp4_perplexity", "moe_balance", "moe_ep"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_smoke_preset(name, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", f"experiments.{name}", "preset=smoke", f"out_dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((out / "results.json").read_text())
+    assert META_KEYS <= set(res["meta"]) and res["meta"]["complete"] and res["meta"]["preset"] == "smoke"
+    assert res["meta"]["command"] == f"python -m experiments.{name} preset=smoke out_dir={out}"
+    conf = __import__(f"experiments.{name}.config", fromlist=["CONFIG"])
+    expected, _, _ = harness.parse(name, conf, ["preset=smoke"])
+    assert res["config"] == json.loads(json.dumps(harness._jsonable(dataclasses.asdict(expected))))
+    assert res["tables"] and all(res["tables"].values()), "every table has rows"
+    markdown = (out / "RESULTS.md").read_text()
+    assert res["meta"]["command"] in markdown
+    for fig in res["figures"].values():
+        assert (out / fig["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({fig['file']})" in markdown
+    if name in CHECKS:
+        CHECKS[name](res)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("nope=1", "'nope=1'"), ("rows=abc", "'rows=abc'"), ("preset=huge", "unknown preset 'huge'"), ("rows", "'rows'")])
+def test_bad_argument_is_a_clear_error_before_anything_is_written(tmp_path, override, message):
+    with pytest.raises(SystemExit, match=message):
+        harness.main("fp4_quant_error", [override, f"out_dir={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_notes_survive_a_rerun_and_old_figures_go(tmp_path):
+    writer = harness.ResultsWriter(str(tmp_path), "t", _meta(), config=_Cfg())
+    with writer.figure("a") as ax:
+        ax.plot([0, 1])
+    with open(tmp_path / "RESULTS.md", "a") as f:
+        f.write("\n## Notes\n\nhand-written\n")
+    writer = harness.ResultsWriter(str(tmp_path), "t", _meta(), config=_Cfg())
+    writer.table("x", [{"a": 1.0, "b": float("nan")}], fmt={"a": ".2f"})
+    assert not (tmp_path / "a.png").exists()
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert text.endswith("## Notes\n\nhand-written\n") and "| 1.00 | n/a |" in text
+    assert json.loads((tmp_path / "results.json").read_text())["tables"]["x"] == [{"a": 1.0, "b": None}]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    n: int = 1
+
+
+def _meta():
+    return {"command": "c", "date": "d", "git_commit": "g", "machine": "m", "load_average": "l",
+            "jax_version": "j", "backend": "b", "preset": None}
