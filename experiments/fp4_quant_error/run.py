@@ -77,7 +77,7 @@ def run(cfg, out):
         plot(ax, rows, cfg)
 
 
-if __name__ == "__main__":  # python experiments/fp4_quant_error/run.py: an alias of python -m experiments.fp4_quant_error
+if __name__ == "__main__":  # an alias of python -m experiments.fp4_quant_error
     import os
     import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
