@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 ATTENTION_IMPLS = ("auto", "pallas", "xla", "reference")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
+KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 
 
@@ -128,6 +129,9 @@ class EngineConfig:
     attention_impl: str = "auto"  # auto (pallas on GPU, xla elsewhere) | pallas | xla | reference
     quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
     seed: int = 0
+    # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
+    # request of max_model_len / the next power of two of its length / its exact length (experiments).
+    kv_allocation: str = "paged"
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes"):
@@ -140,6 +144,8 @@ class EngineConfig:
                  f"EngineConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
         _require(self.quantization in QUANTIZATIONS,
                  f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        _require(self.kv_allocation in KV_ALLOCATIONS,
+                 f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
 
 
 def apply_overrides(config: Any, overrides: Sequence[str]) -> Any:

@@ -1,9 +1,20 @@
-"""Synthetic request workloads for throughput benchmarks (host, numpy only)."""
+"""Synthetic request workloads for throughput and serving benchmarks (host, numpy only).
+
+Length distributions (the vLLM paper's two datasets, Kwon et al. 2023, Fig. 11, are long-tailed):
+``sharegpt`` and ``alpaca`` draw input and output lengths independently from log-normals with the
+datasets' means (ShareGPT: input 161, output 338 tokens; Alpaca: input 19, output 58) and shape
+sigma (1.0 for ShareGPT, 0.8 for Alpaca's shorter, less spread lengths), floored at 4 tokens,
+inputs clipped to ``max_model_len // 2`` and outputs to what is left. ``length_scale`` multiplies
+the means (scaled-down runs keep the shape of the distribution).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+# name -> (mean input, mean output, sigma) of the log-normal lengths
+LOGNORMAL_DATASETS = {"sharegpt": (161.0, 338.0, 1.0), "alpaca": (19.0, 58.0, 0.8)}
 
 
 @dataclass(frozen=True)
@@ -13,20 +24,34 @@ class BenchRequest:
 
 
 def make_workload(name: str, num_requests: int, vocab_size: int, max_model_len: int, seed: int = 0, *,
-                  input_len: tuple[int, int] = (32, 96), output_len: tuple[int, int] = (64, 192)) -> list[BenchRequest]:
-    """``random``: lengths uniform in the given [lo, hi] ranges. ``sharegpt``: log-normal lengths with
-    ShareGPT's means (input 161, output 338 tokens) and its long tail, clipped to ``max_model_len``.
+                  input_len: tuple[int, int] = (32, 96), output_len: tuple[int, int] = (64, 192),
+                  length_scale: float = 1.0) -> list[BenchRequest]:
+    """``random``: lengths uniform in the given [lo, hi] ranges. ``sharegpt`` / ``alpaca``: log-normal
+    lengths with the dataset's means times ``length_scale`` and its long tail (module docstring).
     """
     rng = np.random.default_rng(seed)
     if name == "random":
         ins = rng.integers(input_len[0], input_len[1] + 1, num_requests)
         outs = rng.integers(output_len[0], output_len[1] + 1, num_requests)
-    elif name == "sharegpt":
-        sigma = 1.0  # lognormal mean = exp(mu + sigma^2 / 2)
-        ins = np.maximum(4, rng.lognormal(np.log(161) - sigma**2 / 2, sigma, num_requests)).astype(int)
-        outs = np.maximum(4, rng.lognormal(np.log(338) - sigma**2 / 2, sigma, num_requests)).astype(int)
+    elif name in LOGNORMAL_DATASETS:
+        mean_in, mean_out, sigma = LOGNORMAL_DATASETS[name]
+        if length_scale <= 0:
+            raise ValueError(f"length_scale must be > 0, got {length_scale}")
+
+        def lengths(mean):  # lognormal mean = exp(mu + sigma^2 / 2)
+            mu = np.log(mean * length_scale) - sigma**2 / 2
+            return np.maximum(4, rng.lognormal(mu, sigma, num_requests)).astype(int)
+        ins, outs = lengths(mean_in), lengths(mean_out)
     else:
-        raise ValueError(f"unknown workload {name!r}; choose 'random' or 'sharegpt'")
+        raise ValueError(f"unknown workload {name!r}; choose 'random', 'sharegpt' or 'alpaca'")
     ins = np.minimum(ins, max_model_len // 2)
     outs = np.minimum(outs, max_model_len - ins)
     return [BenchRequest(rng.integers(0, vocab_size, int(i)).tolist(), int(o)) for i, o in zip(ins, outs)]
+
+
+def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> np.ndarray:
+    """Arrival times f64[N] of a Poisson process of ``rate`` requests per time unit, starting at 0."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
+    return np.cumsum(gaps) - gaps[0]

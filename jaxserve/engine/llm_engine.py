@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxserve.cache.block_manager import BlockManager
 from jaxserve.cache.kv_pool import kv_pool_bytes_per_block
+from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
@@ -44,10 +45,16 @@ class LLMEngine:
             raise ValueError(f"kv_cache_bytes={ec.kv_cache_bytes} is smaller than one KV block")
         eos = tokenizer.eos_token_id if tokenizer is not None and tokenizer.eos_token_id is not None \
             else config.eos_token_id
+        reservations = None
+        if ec.kv_allocation != "paged":  # an Orca baseline: contiguous reservations over the same memory
+            reservations = ContiguousReservations(ec.kv_allocation, num_blocks * ec.block_size, self.max_model_len)
+            # A spare block per seat for its partial last block: the token-granular reservations,
+            # not block rounding, must be what limits admission.
+            num_blocks += ec.max_num_seqs
         self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len, eos_token_id=eos)
+                                   max_model_len=self.max_model_len, reservations=reservations, eos_token_id=eos)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)

@@ -9,6 +9,11 @@ steps (chunked prefill). When a running sequence needs a block and none is free,
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 queue, to be recomputed from prompt + outputs (prefix-cache hits make that cheap).
 
+With ``reservations`` (a ``ContiguousReservations``: the Orca baselines of the vLLM paper) a
+request is admitted only once its contiguous reservation fits; it holds the reservation until
+it ends. Blocks are still taken on demand from the paged pool, which the engine sizes so that
+the reservations, not the blocks, are the binding limit.
+
 Driving loop (the engine)::
 
     sched.add_request("r0", prompt_ids, params)       # ValueError if it can never run
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence as Seq
 
 from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError
+from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
 
 
@@ -77,6 +83,7 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
+                 reservations: ContiguousReservations | None = None,
                  eos_token_id: int | None = None, enable_chunked_prefill: bool = True):
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
@@ -90,6 +97,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.reservations = reservations  # None: paged (blocks on demand, nothing reserved)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}  # unfinished only
@@ -126,6 +134,7 @@ class Scheduler:
             if not seq.is_finished:
                 self._finish(seq, SequenceStatus.FINISHED_ABORTED)
         del self.requests[request_id]
+        self._release(req)
         return req
 
     def has_unfinished(self) -> bool:
@@ -211,6 +220,7 @@ class Scheduler:
             if req.is_finished and req.request_id in self.requests:
                 res.finished.append(req)
                 del self.requests[req.request_id]
+                self._release(req)
         return res
 
     # ---- sharing helpers for beam search -------------------------------------------------
@@ -269,6 +279,11 @@ class Scheduler:
             raise ValueError(f"request {request_id!r}: {p} prompt + up to {final_len - p} output "
                              f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
                              f"pool has only {self.bm.num_blocks}")
+        if self.reservations is not None:
+            slots, space = self.reservations.size(final_len, n).slots, self.reservations.space
+            if slots > space.capacity:
+                raise ValueError(f"request {request_id!r}: {self.reservations.policy} reserves {slots} "
+                                 f"KV slots, more than the {space.capacity} there are")
 
     @staticmethod
     def _check_samples(output: SchedulerOutput, sampled) -> dict[int, list[int]]:
@@ -285,6 +300,17 @@ class Scheduler:
                                  f"got {len(tokens)}")
             samples[e.seq_id] = tokens
         return samples
+
+    def _final_len(self, req: Request) -> int:
+        """Tokens (prompt + outputs) a request ends with if no stop token comes first."""
+        p, max_tokens = len(req.prompt_token_ids), req.sampling_params.max_tokens
+        if max_tokens is None:
+            max_tokens = max(self.max_model_len - p, 1)
+        return min(p + max_tokens, max(self.max_model_len, p + 1))
+
+    def _release(self, req: Request) -> None:
+        if self.reservations is not None:
+            self.reservations.release(req.request_id)
 
     def _seats(self, seq: Sequence) -> int:
         """Batch seats a sequence will take: an unforked n>1 request reserves all n."""
@@ -320,6 +346,10 @@ class Scheduler:
         if n < len(tokens) - cached and not self.enable_chunked_prefill:
             return None
         if not self.bm.can_allocate(tokens, n):
+            return None
+        # The reservation assumes the full length (an oracle's guess is exact under ignore_eos).
+        if self.reservations is not None and not self.reservations.try_reserve(
+                seq.request_id, self._final_len(seq.request), seq.request.n):
             return None
         seq.num_computed_tokens = self.bm.allocate(seq.seq_id, tokens)
         assert seq.num_computed_tokens == cached

@@ -8,8 +8,8 @@ import pytest
 import jaxserve
 
 ROOT = pathlib.Path(jaxserve.__file__).parent
-HOST_MODULES = ["cache/block_manager.py", "cache/prefix_cache.py", "engine/sequence.py",
-                "engine/scheduler.py"]
+HOST_MODULES = ["cache/block_manager.py", "cache/prefix_cache.py", "cache/reservation.py",
+                "engine/sequence.py", "engine/scheduler.py", "engine/kv_accounting.py"]
 
 
 @pytest.mark.parametrize("path", HOST_MODULES)

@@ -1,0 +1,50 @@
+"""A stand-in for ``ModelRunner`` that does no device work: for studies of the schedule alone.
+
+With ``ignore_eos`` the schedule (who runs, which blocks, when requests finish) does not depend
+on which tokens are drawn, so a scheduling or memory study can replace the model by this runner
+and run the real ``LLMEngine`` (scheduler, block manager, reservations) at paper-scale lengths on a
+CPU. Tokens, log-probs and the top candidates (for beam search) come from a seeded numpy stream:
+the top candidates are distinct ids with decreasing log-probs, as a model's would be.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NUM_TOP = 16  # as runner.NUM_TOP_LOGPROBS (not imported: that module imports JAX)
+
+
+class NullRunner:
+    """``execute(out, rows)`` returns, per row, a token i32[R], its log-prob f32[R], and the
+    top candidates' log-probs f32[R, NUM_TOP] and ids i32[R, NUM_TOP]; nothing is computed."""
+
+    num_compilations = 0
+    num_buckets = 0
+
+    def __init__(self, vocab_size: int, seed: int = 0, avoid_token: int | None = None, on_execute=None):
+        if vocab_size < NUM_TOP + 1:
+            raise ValueError(f"vocab_size must be > {NUM_TOP}, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.avoid_token = avoid_token  # e.g. EOS, so beam search never completes a beam early
+        self.rng = np.random.default_rng(seed)
+        self.on_execute = on_execute  # called with each SchedulerOutput (a probe for drivers we don't own)
+        self.steps = 0
+
+    def warmup(self) -> int:
+        return 0
+
+    def copy_blocks(self, copies) -> None:
+        pass
+
+    def execute(self, out, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self.steps += 1
+        if self.on_execute is not None:
+            self.on_execute(out)
+        r = len(rows)
+        # NUM_TOP consecutive ids from a random start, cyclic over the allowed ids: distinct, cheap to draw
+        allowed = self.vocab_size - (self.avoid_token is not None)
+        ids = (self.rng.integers(0, allowed, (r, 1)) + np.arange(NUM_TOP)) % allowed
+        if self.avoid_token is not None:  # skip over the avoided id
+            ids = np.where(ids >= self.avoid_token, ids + 1, ids)
+        top_lps = -np.cumsum(self.rng.exponential(1.0, (r, NUM_TOP)), axis=1)
+        return (ids[:, 0].astype(np.int32), top_lps[:, 0].astype(np.float32), top_lps.astype(np.float32),
+                ids.astype(np.int32))
