@@ -95,26 +95,23 @@ def predictions(cfg, out) -> None:
                     sweep.append({**key, "batch": b, "fits": b <= capacity, "step_ms": e.step_s * 1e3,
                                   "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu, "bound": e.bound,
                                   "comm_ms": e.comm_s * 1e3})
-                best = max((r for r in sweep[-len(cfg.batches):] if r["fits"]), default=None,
-                           key=lambda r: r["tokens_per_s_per_gpu"])
+                full = pm.decode_step(model, hw, prec, capacity, cfg.context, tp)  # every KV slot in use
                 summary.append({**key, "weights_gb_per_gpu": pm.weight_memory(model, prec) / tp / 1e9,
                                 "capacity": capacity, "ridge_ctx0": pm.ridge_batch(model, hw, prec, 0, tp),
                                 "ridge_ctx": pm.ridge_batch(model, hw, prec, cfg.context, tp),
                                 "tok_s_b1": sweep[-len(cfg.batches)]["tokens_per_s_per_gpu"],
-                                "best_batch": best and best["batch"],
-                                "best_tok_s": best and best["tokens_per_s_per_gpu"],
-                                "best_bound": best and best["bound"]})
+                                "tok_s_full": full.tokens_per_s_per_gpu, "bound_full": full.bound})
     out.json("sweep", sweep)
     ridge = {k: (lambda r, k=k: "never" if r[k] is None else f"{r[k]:.0f}") for k in ("ridge_ctx0", "ridge_ctx")}
     out.table("summary", summary,
               {"gpu": "GPU", "model": "model", "format": "format", "tp": "TP", "weights_gb_per_gpu": "weights GB/GPU",
-               "capacity": f"requests of {cfg.context} tok", "ridge_ctx0": "ridge batch (ctx 0)",
+               "capacity": f"KV capacity (requests of {cfg.context} tok)", "ridge_ctx0": "ridge batch (ctx 0)",
                "ridge_ctx": f"ridge batch (ctx {cfg.context})", "tok_s_b1": "tok/s/GPU at b=1",
-               "best_batch": "largest batch that fits", "best_tok_s": "tok/s/GPU there", "best_bound": "bound"},
+               "tok_s_full": "tok/s/GPU, KV full", "bound_full": "bound, KV full"},
               title=f"Decode per GPU (TP: smallest power of two holding the weights and {cfg.min_requests} "
                     f"requests of {cfg.context} tokens; capacity per TP group at memory fraction "
                     f"{cfg.memory_fraction}; ridge: the batch where the step turns compute-bound)",
-              fmt={**ridge, "weights_gb_per_gpu": ".1f", "tok_s_b1": ".0f", "best_tok_s": ".0f"})
+              fmt={**ridge, "weights_gb_per_gpu": ".1f", "tok_s_b1": ".0f", "tok_s_full": ".0f"})
     _plot(cfg, out, sweep)
 
 
