@@ -20,9 +20,9 @@ A run writes into ``out_dir`` (default ``results/<name>/``; ``results/smoke/<nam
 smoke preset, which git ignores, so a smoke run never overwrites committed results):
 
 - ``results.json``: ``meta`` (UTC date, machine and CPU, load, python/jax/jaxlib versions and
-  backend, git commit, the exact command, preset, wall seconds, ``complete``), ``config`` (the
-  resolved configuration), ``tables`` (name -> list of row dicts), ``figures`` (name -> PNG file
-  and caption) and any ``out.json(key, value)``. NaN/inf are stored as null (strict JSON).
+  backend, git commit, the exact command, preset, wall and process CPU seconds, ``complete``),
+  ``config`` (the resolved configuration), ``tables`` (name -> list of row dicts), ``figures``
+  (name -> PNG file and caption) and any ``out.json(key, value)``. NaN/inf are stored as null.
 - ``<figure>.png``: matplotlib figures (Agg, no display needed).
 - ``RESULTS.md``: a header with the command and metadata, then the experiment's text, tables and
   figures in the order it reported them. A ``## Notes`` section already in the file (hand-written
@@ -49,6 +49,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -149,7 +150,9 @@ class ResultsWriter:
         self._flush()
 
     def finish(self, seconds: float) -> None:
-        self.results["meta"].update(complete=True, seconds=round(seconds, 2))
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # all threads: XLA compiles on several
+        self.results["meta"].update(complete=True, seconds=round(seconds, 2),
+                                    cpu_seconds=round(usage.ru_utime + usage.ru_stime, 2))
         self._flush()
 
     def _flush(self) -> None:
@@ -160,7 +163,7 @@ class ResultsWriter:
                   f"Command: `{m['command']}`  ",
                   f"Date: {m['date']}; git {m['git_commit']}; {m['machine']}, load {m['load_average']}; "
                   f"JAX {m['jax_version']} ({m['backend']})"
-                  + (f"; {m['seconds']:.0f} s" if "seconds" in m else "; incomplete run")
+                  + (f"; {m['seconds']:.0f} s ({m['cpu_seconds']:.0f} s CPU)" if "seconds" in m else "; incomplete run")
                   + (f"; preset {m['preset']}" if m["preset"] else "") + ".", ""]
         body = "\n\n".join(self._md)
         with open(os.path.join(self.out_dir, "RESULTS.md"), "w") as f:
