@@ -7,7 +7,7 @@ per sequence.
 ``spec_round`` (draft γ tokens with an inner ``scan``, verify in one target pass, exact rejection
 sampling, roll back by positions) plus EOS / max_tokens bookkeeping; the loop ends when every
 sequence is done. ``target_only_generate`` is the same program with a plain decode step as the
-body. Nothing returns to the host until the batch is finished.
+body; ``ngram_generate`` and ``medusa_generate`` swap the draft for prompt lookup or Medusa heads. Nothing returns to the host until the batch is finished.
 
 Shapes are bucketed (powers of two for B, Lp and N), so one program serves every call in a
 (batch, prompt, output, γ) bucket; per-request lengths, max_tokens, sampling settings, seeds and
@@ -30,6 +30,9 @@ from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
+from jaxserve.spec.config import check_medusa_matches
+from jaxserve.spec.hidden import forward_with_hidden
+from jaxserve.spec.medusa import medusa_round
 from jaxserve.spec.metrics import SpecMetrics
 from jaxserve.spec.rejection import PAD_TOKEN, sample_tokens
 from jaxserve.spec.ngram import ngram_round
@@ -41,7 +44,7 @@ TRACES: Counter = Counter()  # program name -> times traced (== compiled)
 @struct.dataclass
 class LoopState:
     target_pool: KVPool
-    draft_pool: KVPool  # [] for target-only
+    draft_pool: KVPool  # the proposer's state: the draft's pool, [] (target-only, n-gram), or hidden (Medusa)
     inputs: RoundInputs
     out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
     history: jax.Array  # i32[B, Lp+N+G+1]: the token at position t in slot t (valid up to positions)
@@ -50,8 +53,8 @@ class LoopState:
     metrics: SpecMetrics
 
 
-def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl):
-    """Writes each prompt's K/V and returns the logits f32[B, V] at its last token.
+def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden=False):
+    """Writes each prompt's K/V and returns the logits f32[B, V] at its last token (and its hidden f32[B, E]).
 
     Rows are laid out Lp apart with context Lp; causality keeps real tokens from seeing the
     padding, whose K/V writes are dropped.
@@ -64,8 +67,12 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl)
     meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
                              context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp,
                              uniform_q_len=lp)
+    last = jnp.arange(b) * lp + prompt_lens - 1
+    if with_hidden:
+        return forward_with_hidden(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
+                                   attention_impl=attention_impl, logits_indices=last)
     logits, pool = forward(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
-                           attention_impl=attention_impl, logits_indices=jnp.arange(b) * lp + prompt_lens - 1)
+                           attention_impl=attention_impl, logits_indices=last)
     return logits, pool
 
 
@@ -75,12 +82,14 @@ def _new_pool(config: ModelConfig, num_blocks: int, block_size: int) -> KVPool:
 
 
 def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
-           gamma, block_size, pages_per_seq, capacity, attention_impl):
-    """Prefills the target, samples the first token, and builds the loop state (draft pool empty)."""
+           gamma, block_size, pages_per_seq, capacity, attention_impl, with_hidden=False):
+    """Prefills the target, samples the first token, and builds the loop state (draft pool empty,
+    or with_hidden: the target's hidden at each prompt's last token)."""
     b = prompts.shape[0]
     tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
     pool = _new_pool(target_config, b * pages_per_seq, block_size)
-    logits, pool = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl)
+    pre = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden)
+    logits, pool = pre[0], pre[-1]
     first = sample_tokens(logits, sampling.replace(position=prompt_lens))
     out = jnp.full((b, capacity + gamma + 1), PAD_TOKEN, jnp.int32).at[:, 0].set(first)
     inputs = RoundInputs(block_tables=tables, positions=prompt_lens, last_tokens=first,
@@ -91,7 +100,9 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
     done = ~real | (first == eos) | (max_tokens <= 1)
     history = jnp.zeros((b, prompts.shape[1] + capacity + gamma + 1), jnp.int32).at[:, :prompts.shape[1]].set(prompts)
     history = history.at[jnp.arange(b), prompt_lens].set(first)
-    return LoopState(pool, [], inputs.replace(active=~done), out, history, jnp.ones(b, jnp.int32), done, metrics)
+    proposer_state = pre[1] if with_hidden else []
+    return LoopState(pool, proposer_state, inputs.replace(active=~done), out, history, jnp.ones(b, jnp.int32), done,
+                     metrics)
 
 
 def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens, eos, target_pool,
@@ -185,6 +196,26 @@ def _ngram_program(target_params, draft_params, prompts, prompt_lens, max_tokens
         r = ngram_round(target_params, st.target_pool, st.inputs, st.history, target_config=target_config,
                         gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
         return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, [])
+
+    state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
+    return _finish(state, capacity)
+
+
+@partial(jax.jit, static_argnames=_STATIC + ("heads_config",))
+def _medusa_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+                    target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl,
+                    heads_config):
+    TRACES["medusa"] += 1
+    del draft_config  # draft_params are the heads' params
+    state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                   gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
+                   attention_impl=attention_impl, with_hidden=True)
+
+    def body(st: LoopState) -> LoopState:
+        r = medusa_round(target_params, draft_params, st.target_pool, st.inputs, st.draft_pool,
+                         target_config=target_config, heads_config=heads_config, gamma=gamma,
+                         attention_impl=attention_impl)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool)
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
@@ -302,3 +333,14 @@ def ngram_generate(target_params: dict, target_config: ModelConfig, prompts, pro
                 max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
                 eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl,
                 max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+def medusa_generate(target_params: dict, target_config: ModelConfig, heads_params: dict, heads_config, prompts,
+                    prompt_lens, *, gamma: int = 4, max_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seeds=0,
+                    eos_token_id: int | None = None, block_size: int = 16, attention_impl: str = "auto"):
+    """``speculative_generate`` with Medusa heads (``jaxserve.spec.medusa``) proposing; same outputs."""
+    check_medusa_matches(target_config, heads_config, gamma)
+    return _run(_medusa_program, target_params, target_config, heads_params, None, prompts, prompt_lens,
+                gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl,
+                heads_config=heads_config)

@@ -1,0 +1,68 @@
+"""``SpeculativeConfig``: how the engine speculates (host-side, no JAX).
+
+``LLM(model=..., speculative=SpeculativeConfig(method="draft_model", draft_model="jaxserve/tiny-code-draft",
+num_speculative_tokens=4))``. Methods:
+
+- ``draft_model``: a small model with the target's vocabulary (and tokenizer) proposes γ tokens;
+- ``ngram``: prompt lookup over the sequence's own tokens (no extra weights);
+- ``medusa``: Medusa-1 heads on the target's last hidden state (``medusa_heads``: a directory
+  written by ``experiments/medusa_heads/train.py``); γ is at most the number of heads.
+
+Every proposal is verified by one target pass with the exact rejection rule, so the output
+distribution is the target's whatever the method.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+METHODS = ("draft_model", "ngram", "medusa")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "draft_model"
+    num_speculative_tokens: int = 4  # γ: tokens proposed per round
+    draft_model: str | None = None  # method "draft_model": zoo name, checkpoint or HF directory
+    medusa_heads: str | None = None  # method "medusa": directory of trained heads
+    max_ngram: int = 3  # method "ngram": longest / shortest suffix looked up
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"SpeculativeConfig.num_speculative_tokens must be an int >= 1, "
+                             f"got {self.num_speculative_tokens!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"SpeculativeConfig needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, "
+                             f"{self.max_ngram}")
+
+    @property
+    def gamma(self) -> int:
+        return self.num_speculative_tokens
+
+
+def check_draft_matches(target_config: Any, draft_config: Any, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """ValueError unless the draft shares the target's vocabulary size and (when both have one) tokenizer."""
+    if draft_config.vocab_size != target_config.vocab_size:
+        raise ValueError(f"draft vocab_size {draft_config.vocab_size} != target vocab_size "
+                         f"{target_config.vocab_size}: the draft must share the target's vocabulary")
+    if (target_tokenizer is None) != (draft_tokenizer is None):
+        raise ValueError("the draft and the target must both have a tokenizer or both have none")
+    if target_tokenizer is not None and _vocab(target_tokenizer) != _vocab(draft_tokenizer):
+        raise ValueError("the draft's tokenizer differs from the target's: token ids would not mean the same")
+
+
+def _vocab(tokenizer) -> dict:
+    return tokenizer._hf.get_vocab()  # jaxserve.tokenizer.Tokenizer wraps a tokenizers.Tokenizer
+
+
+def check_medusa_matches(target_config: Any, heads_config: Any, gamma: int) -> None:
+    """ValueError unless the heads fit the target's hidden and vocabulary sizes and γ <= the number of heads."""
+    if (heads_config.hidden_size, heads_config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
+        raise ValueError(f"medusa heads expect hidden_size {heads_config.hidden_size} and vocab_size "
+                         f"{heads_config.vocab_size}, the target has {target_config.hidden_size} and "
+                         f"{target_config.vocab_size}")
+    if gamma > heads_config.num_heads:
+        raise ValueError(f"num_speculative_tokens {gamma} exceeds the {heads_config.num_heads} medusa heads")
