@@ -8,10 +8,12 @@ from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.engine.spec_runner import Proposer
 from jaxserve.engine.outputs import RequestOutput
 from jaxserve.models.loading import resolve_model
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
+from jaxserve.spec.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
 
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
@@ -23,18 +25,35 @@ class LLM:
     directory. Keyword arguments override ``EngineConfig`` fields (``block_size``,
     ``num_kv_blocks``, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
     ``enable_prefix_caching``, ``attention_impl``, ...) and ``dtype`` the model's dtype.
+    ``speculative``: a ``SpeculativeConfig`` (draft model, n-gram lookup or Medusa heads); every
+    check against the target runs before anything is built.
     """
 
-    def __init__(self, model: str, *, dtype: str | None = None, **engine_overrides):
+    def __init__(self, model: str, *, dtype: str | None = None, speculative: SpeculativeConfig | None = None,
+                 **engine_overrides):
         engine_config = _engine_config(engine_overrides)
+        _check_speculative(speculative)
         config, params, tokenizer = resolve_model(model, dtype)
-        self.engine = LLMEngine(config, params, tokenizer, engine_config)
+        proposer = _load_proposer(speculative, config, tokenizer, dtype)
+        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer)
 
     @classmethod
-    def from_params(cls, config: ModelConfig, params: dict, tokenizer=None, **engine_overrides) -> "LLM":
-        """An LLM over in-memory params (random models in tests and notebooks)."""
+    def from_params(cls, config: ModelConfig, params: dict, tokenizer=None, *,
+                    speculative: SpeculativeConfig | None = None, draft=None, **engine_overrides) -> "LLM":
+        """An LLM over in-memory params (random models in tests and notebooks).
+
+        With ``speculative``, ``draft`` gives the proposer's weights in memory: ``(ModelConfig, params)``
+        (or with a third item, the draft's tokenizer) for ``draft_model``, ``(MedusaConfig, params)``
+        for ``medusa``; None for ``ngram`` or to load from the paths in ``speculative``.
+        """
+        engine_config = _engine_config(engine_overrides)
+        _check_speculative(speculative)
+        if speculative is not None and draft is not None:
+            proposer = _proposer(speculative, config, tokenizer, *draft[:2], draft[2] if len(draft) > 2 else tokenizer)
+        else:
+            proposer = _load_proposer(speculative, config, tokenizer, None)
         self = cls.__new__(cls)
-        self.engine = LLMEngine(config, params, tokenizer, _engine_config(engine_overrides))
+        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer)
         return self
 
     @property
@@ -69,6 +88,8 @@ class LLM:
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search per prompt; beams share KV blocks through fork and copy-on-write."""
+        if self.engine.spec_runner is not None:
+            raise ValueError("beam_search is not available on an LLM built with speculative decoding")
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
             prompts = [prompts]
         return beam_search(self.engine, prompts, params)
@@ -78,7 +99,8 @@ class LLM:
         return self.engine.runner.warmup()
 
     def stats(self) -> dict:
-        """KV blocks used/free/cached, prefix-cache hit rate, preemptions, compilations."""
+        """KV blocks used/free/cached, prefix-cache hit rate, preemptions, compilations; with speculative
+        decoding also ``spec_*``: acceptance rate, mean acceptance length, per-position acceptance, ..."""
         return self.engine.stats()
 
 
@@ -87,3 +109,35 @@ def _engine_config(overrides: dict) -> EngineConfig:
     if unknown:
         raise ValueError(f"unknown LLM option(s) {unknown}; engine options are {sorted(_ENGINE_FIELDS)}")
     return EngineConfig(**overrides)
+
+
+def _check_speculative(spec) -> None:
+    if spec is not None and not isinstance(spec, SpeculativeConfig):
+        raise ValueError(f"speculative must be a SpeculativeConfig or None, got {type(spec).__name__}")
+
+
+def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenizer, dtype) -> Proposer | None:
+    """Reads the proposer's weights from the paths in ``spec`` and checks them against the target."""
+    if spec is None:
+        return None
+    if spec.method == "draft_model":
+        if spec.draft_model is None:
+            raise ValueError("SpeculativeConfig(method='draft_model') needs draft_model (a zoo name or directory)")
+        draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype)
+        return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer)
+    if spec.method == "medusa":
+        if spec.medusa_heads is None:
+            raise ValueError("SpeculativeConfig(method='medusa') needs medusa_heads (a directory of trained heads)")
+        from jaxserve.spec.medusa import load_heads
+        return _proposer(spec, config, tokenizer, *load_heads(spec.medusa_heads), None)
+    return Proposer("ngram")
+
+
+def _proposer(spec, config, tokenizer, proposer_config, proposer_params, proposer_tokenizer) -> Proposer:
+    if spec.method == "draft_model":
+        check_draft_matches(config, proposer_config, tokenizer, proposer_tokenizer)
+    elif spec.method == "medusa":
+        check_medusa_matches(config, proposer_config, spec.gamma)
+    else:
+        return Proposer("ngram")
+    return Proposer(spec.method, proposer_config, proposer_params)

@@ -2,6 +2,8 @@
 
 ``LLMEngine`` is the level for experiments that drive arrivals themselves: ``add_request``,
 ``step`` (returns the tokens produced this step, for streaming), ``abort``, ``stats``.
+With ``speculative`` set, ``step`` hands the device work to ``SpecRunner`` (one speculative round
+for the decoding sequences) and may produce up to γ+1 tokens per sequence.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
+from jaxserve.engine.spec_runner import Proposer, SpecRunner
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
+from jaxserve.spec.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,11 @@ class StepToken:
 
 class LLMEngine:
     def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
-                 engine_config: EngineConfig = EngineConfig()):
+                 engine_config: EngineConfig = EngineConfig(), speculative: SpeculativeConfig | None = None,
+                 proposer: Proposer | None = None):
         ec = engine_config
+        if speculative is not None and ec.quantization is not None:
+            raise ValueError(f"quantization={ec.quantization!r} cannot be combined with speculative decoding yet")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         self.max_model_len = min(ec.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // kv_pool_bytes_per_block(
@@ -54,7 +61,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len, reservations=reservations, eos_token_id=eos)
+                                   max_model_len=self.max_model_len, reservations=reservations, eos_token_id=eos,
+                                   num_lookahead_slots=speculative.gamma if speculative else 0)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)
@@ -62,6 +70,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant)
+        self.spec_runner = None if speculative is None else SpecRunner(self.runner, speculative, proposer,
+                                                                       self.max_model_len)
         self._rng = np.random.default_rng(ec.seed)
         self._ids = itertools.count()
         self._seeds: dict[str, int] = {}
@@ -109,6 +119,8 @@ class LLMEngine:
         if out.is_empty:
             raise RuntimeError("the scheduler could not schedule any work: the KV pool is too small for "
                                "the running requests")
+        if self.spec_runner is not None:
+            return self._spec_step(out)
         rows = []
         for i, e in enumerate(out.scheduled):
             if e.sample:
@@ -136,6 +148,26 @@ class LLMEngine:
                     produced.append(StepToken(e.request_id, e.index + j, token, e.request_id in finished))
         return produced
 
+    def _spec_step(self, out) -> list[StepToken]:
+        """One step through ``SpecRunner``: a sequence may gain several tokens (cut at its first stop)."""
+        seqs = self.scheduler.seqs
+        before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
+        sampled = self.spec_runner.execute(out, self._seeds, seqs)
+        res = self.scheduler.update(out, sampled)
+        finished = {r.request_id for r in res.finished}
+        for req in res.finished:
+            self._finish(req)
+        produced = []
+        for e in out.scheduled:
+            seq, n = before[e.seq_id]
+            fam = [seq] + ([s for s in seq.request.seqs if s.index > 0] if e.num_samples > 1 else [])
+            for s in fam:  # an n>1 prefill's forked samples got their first token this step
+                start = n if s is seq else 0
+                produced += [StepToken(e.request_id, s.index, t, e.request_id in finished)
+                             for t in s.output_token_ids[start:]]
+        self.spec_runner.record_generated(len(produced))
+        return produced
+
     def _finish(self, req: Request) -> RequestOutput:
         rid = req.request_id
         outputs = []
@@ -152,5 +184,6 @@ class LLMEngine:
         return result
 
     def stats(self) -> dict:
+        spec = {} if self.spec_runner is None else self.spec_runner.stats()
         return {**self.scheduler.stats(), "compilations": self.runner.num_compilations,
-                "buckets": self.runner.num_buckets}
+                "buckets": self.runner.num_buckets, **spec}

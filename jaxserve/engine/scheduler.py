@@ -28,6 +28,12 @@ Driving loop (the engine)::
 ``update`` accepts for each sampled entry an ``int`` or, when ``num_samples > 1`` (the step
 that ends an n>1 request's prefill), a sequence of ``num_samples`` ints: sample 0 continues
 the sequence, sample j goes to a new child sharing its blocks (``Sequence.index == j``).
+
+Speculative decoding (``num_lookahead_slots`` = γ > 0, as vLLM's num_lookahead_slots): a decode
+entry that the token budget allows γ more tokens gets ``num_lookahead = γ`` and slots for
+positions up to ``start_pos + γ``; ``update`` then takes the round's 1..γ+1 emitted tokens as a
+list (accepted drafts, whose K/V the round wrote, then the target's token), stops at the first
+finishing token, and gives the unused lookahead slots back (rollback is lengths only).
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ class ScheduledSequence:
     sample: bool  # sample a token from the last position's logits after this step
     num_samples: int  # tokens to draw when sample (n at the end of an n>1 prefill, else 1)
     sampling_params: Any
+    num_lookahead: int = 0  # speculative slots past token_ids (block_table covers them); 0: plain step
 
     @property
     def context_len(self) -> int:
@@ -84,7 +91,8 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  reservations: ContiguousReservations | None = None,
-                 eos_token_id: int | None = None, enable_chunked_prefill: bool = True):
+                 eos_token_id: int | None = None, enable_chunked_prefill: bool = True,
+                 num_lookahead_slots: int = 0):
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
                              f"{max_num_batched_tokens}, max_model_len={max_model_len} must be >= 1")
@@ -98,6 +106,7 @@ class Scheduler:
         self.eos_token_id = eos_token_id
         self.enable_chunked_prefill = enable_chunked_prefill
         self.reservations = reservations  # None: paged (blocks on demand, nothing reserved)
+        self.num_lookahead_slots = num_lookahead_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}  # unfinished only
@@ -158,12 +167,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            cow = self._append_or_preempt(seq, n, preempted)
+            look = self._lookahead(seq, n, budget)
+            cow = self._append_or_preempt(seq, n + look, preempted)
             if cow is None:  # seq preempted itself: nothing newer is left to schedule
                 break
             copies += cow
-            scheduled.append((seq, n))
-            budget -= n
+            scheduled.append((seq, n, look))
+            budget -= n + look
             i += 1
 
         # Admitting new work right after a preemption would just thrash (unless nothing runs).
@@ -180,11 +190,11 @@ class Scheduler:
                 copies += self.bm.append_slots(seq.seq_id, n)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                scheduled.append((seq, n))
+                scheduled.append((seq, n, 0))
                 budget -= n
                 reserved += self._seats(seq)
 
-        out = SchedulerOutput([self._entry(s, n) for s, n in scheduled], copies, preempted,
+        out = SchedulerOutput([self._entry(s, n, look) for s, n, look in scheduled], copies, preempted,
                               self.max_num_batched_tokens - budget)
         self._last_output = out
         return out
@@ -208,6 +218,10 @@ class Scheduler:
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted between schedule() and update()
             seq.num_computed_tokens += len(entry.token_ids)
+            if entry.num_lookahead:
+                if self._append_round(seq, samples[entry.seq_id], res):
+                    done[seq.request_id] = seq.request
+                continue
             if seq.num_computed_tokens // bs > entry.start_pos // bs:  # a block just filled up
                 self.bm.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if not entry.sample:
@@ -265,6 +279,8 @@ class Scheduler:
         if p > self.max_model_len:
             raise ValueError(f"request {request_id!r}: prompt of {p} tokens is longer than "
                              f"max_model_len={self.max_model_len}")
+        if self.num_lookahead_slots and getattr(params, "logprobs", False):
+            raise ValueError(f"request {request_id!r}: logprobs=True is not supported with speculative decoding")
         max_tokens, n = params.max_tokens, getattr(params, "n", 1)
         if max_tokens is None:  # as in vLLM: until max_model_len
             max_tokens = max(self.max_model_len - p, 1)
@@ -274,7 +290,7 @@ class Scheduler:
             raise ValueError(f"request {request_id!r}: n={n} exceeds max_num_seqs={self.max_num_seqs}")
         # The last token is sampled, never run, so a sequence needs (final length - 1) slots.
         final_len = min(p + max_tokens, max(self.max_model_len, p + 1))
-        blocks = self.bm.blocks_for(final_len - 1)
+        blocks = self.bm.blocks_for(final_len - 1 + self.num_lookahead_slots)
         if blocks > self.bm.num_blocks:
             raise ValueError(f"request {request_id!r}: {p} prompt + up to {final_len - p} output "
                              f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
@@ -295,7 +311,9 @@ class Scheduler:
                 raise ValueError(f"no sampled token for sequence {e.seq_id}")
             t = sampled[e.seq_id]
             tokens = [int(x) for x in t] if hasattr(t, "__len__") else [int(t)]
-            if len(tokens) != e.num_samples:
+            if e.num_lookahead and 1 <= len(tokens) <= e.num_lookahead + 1:
+                pass  # a speculative round's emitted tokens
+            elif len(tokens) != e.num_samples:
                 raise ValueError(f"sequence {e.seq_id} needs {e.num_samples} sampled tokens, "
                                  f"got {len(tokens)}")
             samples[e.seq_id] = tokens
@@ -315,6 +333,12 @@ class Scheduler:
     def _seats(self, seq: Sequence) -> int:
         """Batch seats a sequence will take: an unforked n>1 request reserves all n."""
         return 1 if seq.request.forked or seq.index else seq.request.n
+
+    def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
+        """Speculative slots for a decode (a sequence with outputs, one token left) if the budget allows."""
+        k = self.num_lookahead_slots
+        decode = n == seq.num_uncomputed_tokens == 1 and bool(seq.output_token_ids)
+        return k if k and decode and budget >= n + k else 0
 
     def _append_or_preempt(self, seq: Sequence, n: int, preempted: list[int]):
         """Slots for ``n`` tokens of ``seq``, preempting the newest running sequences if needed.
@@ -355,7 +379,7 @@ class Scheduler:
         assert seq.num_computed_tokens == cached
         return n
 
-    def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
+    def _entry(self, seq: Sequence, n: int, lookahead: int = 0) -> ScheduledSequence:
         start = seq.num_computed_tokens
         sample = start + n == seq.num_tokens
         num_samples = seq.request.n if sample and not seq.request.forked and seq.index == 0 else 1
@@ -363,13 +387,29 @@ class Scheduler:
         bs = self.bm.block_size
         slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
         return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_slice(start, start + n),
-                                 start, table, slots, sample, num_samples, seq.sampling_params)
+                                 start, table, slots, sample, num_samples, seq.sampling_params, lookahead)
 
     def _fork_samples(self, seq: Sequence, num_samples: int) -> list[Sequence]:
         if num_samples == 1:
             return [seq]
         seq.request.forked = True
         return [seq] + [self.fork_sequence(seq.seq_id) for _ in range(num_samples - 1)]
+
+    def _append_round(self, seq: Sequence, tokens: list[int], res: UpdateResult) -> bool:
+        """Appends a speculative round's tokens up to the first that finishes the sequence.
+
+        Token i > 0 follows accepted draft token i - 1, whose K/V the round wrote, so each step
+        counts one more computed token. Unused lookahead slots are returned. Returns finished.
+        """
+        start = seq.num_computed_tokens - 1
+        for i, token in enumerate(tokens):
+            seq.num_computed_tokens += bool(i)
+            if self._append_token(seq, token, res):
+                return True
+        self.bm.truncate(seq.seq_id, seq.num_computed_tokens)
+        if seq.num_computed_tokens // self.bm.block_size > start // self.bm.block_size:
+            self.bm.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        return False
 
     def _append_token(self, seq: Sequence, token: int, res: UpdateResult) -> bool:
         """Appends a sampled token; returns whether that finished the sequence."""

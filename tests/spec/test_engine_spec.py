@@ -1,0 +1,199 @@
+"""Speculative decoding inside the engine (``LLM(speculative=SpeculativeConfig(...))``), one round per step.
+
+Greedy outputs are checked against an uncached ``forward_full`` oracle, sampled ones with the
+randomised-PIT test of ``test_generate`` under the target's exact conditionals. Every engine here
+shares one model config and one engine config, so the draft-model programs compile once for the
+module (compiles dominate its run time on CPU); n-gram and Medusa engines are marked slow.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+
+from jaxserve import LLM, SamplingParams, SpeculativeConfig
+from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.spec.medusa import MedusaConfig, init_medusa_params
+from jaxserve.tokenizer import Tokenizer
+from spec_stats import chi2_statistic, chi2_threshold
+
+GAMMA, MAX_TOKENS, EOS = 3, 16, 2
+CONFIG = get_preset("tiny-llama").replace(vocab_size=16, eos_token_id=EOS)
+ENGINE = dict(block_size=16, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, num_kv_blocks=32)
+LENS = (11, 3, 7, 16)
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def _sharpened(key, factor=20.0):
+    """Random params whose LM head is scaled up: at temperature 1 a random tiny model is almost
+    uniform, where p and q would agree and a sampler bug could not show."""
+    params = dict(jax.jit(init_params, static_argnums=0)(CONFIG, key))
+    params["lm_head"] = {"kernel": params["lm_head"]["kernel"] * factor}
+    return params
+
+
+@jax.jit
+def _perturbed(params, key):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(tree, [x + 0.1 * jnp.std(x) * jax.random.normal(k, x.shape)
+                                     for x, k in zip(leaves, keys)])
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = _sharpened(jax.random.key(0))
+    return {"target": target, "near": _perturbed(target, jax.random.key(1)), "far": _sharpened(jax.random.key(5))}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in LENS]
+
+
+_full = jax.jit(lambda params, tokens: forward_full(params, CONFIG, tokens))
+
+
+@pytest.fixture(scope="module")
+def oracle(models, prompts):
+    """Greedy continuations by repeated uncached forward passes (no KV cache, no engine)."""
+    width = max(LENS) + MAX_TOKENS
+    seqs = [list(p) for p in prompts]
+    for _ in range(MAX_TOKENS):
+        batch = np.array([s + [0] * (width - len(s)) for s in seqs], np.int32)
+        logits = np.asarray(_full(models["target"], batch))
+        for i, s in enumerate(seqs):
+            s.append(int(np.argmax(logits[i, len(s) - 1])))
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+def spec_llm(models, draft="near", method="draft_model"):
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=GAMMA)
+    weights = (CONFIG, models[draft]) if method == "draft_model" else draft
+    return LLM.from_params(CONFIG, models["target"], speculative=spec, draft=weights, **ENGINE)
+
+
+def tokens(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_greedy_engine_speculation_equals_target_greedy(models, prompts, oracle):
+    llm = spec_llm(models)
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    s = llm.stats()
+    assert 0.1 < s["spec_acceptance_rate"] < 0.9, s  # partial acceptance: rollback really happens
+    assert s["spec_rounds"] > 0 and len(s["spec_per_position_acceptance"]) == GAMMA
+    assert s["spec_generated"] == len(prompts) * MAX_TOKENS
+    assert s["spec_compilations"] <= s["spec_buckets"]
+    before = s["spec_compilations"]  # a new workload in the same buckets compiles nothing
+    llm.generate([p[:5] for p in prompts[:3]], SamplingParams(max_tokens=7, temperature=0.5, seed=1), use_tqdm=False)
+    assert llm.stats()["spec_compilations"] == before
+
+
+def test_eos_and_max_tokens_stop_mid_round(models, prompts, oracle):
+    max_tokens = [5, 16, 10, 13]
+    expected = []
+    for row, cap in zip(oracle, max_tokens):
+        stop = row.index(EOS) + 1 if EOS in row[:cap] else cap
+        expected.append(row[:stop])
+    assert any(EOS in e for e in expected) and any(EOS not in e and len(e) < MAX_TOKENS for e in expected)
+    llm = spec_llm(models)
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=m, temperature=0.0) for m in max_tokens], use_tqdm=False)
+    assert tokens(outs) == expected
+    assert [o.outputs[0].finish_reason for o in outs] == ["stop" if EOS in e else "length" for e in expected]
+    s = llm.stats()
+    offered = len(prompts) + s["spec_rounds"] + s["spec_accepted"]  # first tokens + each round's emissions
+    assert s["spec_generated"] == sum(map(len, expected)) < offered  # some round was cut short
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_equal_to_target_accepts_everything(models, prompts, temperature):
+    llm = spec_llm(models, draft="target")
+    llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=3, ignore_eos=True),
+                 use_tqdm=False)
+    s = llm.stats()
+    assert s["spec_acceptance_rate"] == 1.0 and s["spec_mean_acceptance_length"] == GAMMA + 1, s
+    assert s["spec_per_position_acceptance"] == [1.0] * GAMMA
+
+
+def _pits(llm_outputs, params, rng):
+    """Randomised PIT values of every round-generated token (all but the first) under params' conditionals."""
+    seqs = [(list(o.prompt_token_ids), o.outputs[0].token_ids) for o in llm_outputs]
+    width = max(len(p) + len(t) for p, t in seqs)
+    batch = np.array([p + t + [0] * (width - len(p) - len(t)) for p, t in seqs], np.int32)
+    probs = np.asarray(jax.nn.softmax(_full(params, batch), axis=-1), np.float64)
+    out = []
+    for i, (p, t) in enumerate(seqs):
+        at = np.arange(len(p), len(p) + len(t) - 1)  # probs[i, a] is the distribution of the token at a + 1
+        pa, tok = probs[i, at], batch[i, at + 1]
+        rows = np.arange(len(at))
+        out.append(np.cumsum(pa, 1)[rows, tok] - pa[rows, tok] + rng.random(len(at)) * pa[rows, tok])
+    return np.concatenate(out)
+
+
+def _uniformity(pits, bins=20):
+    return chi2_statistic(np.histogram(pits, bins=bins, range=(0, 1))[0], np.full(bins, 1 / bins))
+
+
+def test_sampling_at_temperature_one_follows_the_target(models):
+    """A draft that is a different random model; 96 requests with their own seeds; p-value > 1e-4 rule."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, CONFIG.vocab_size, int(n)).tolist() for n in rng.integers(1, 17, 96)]
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=i, ignore_eos=True) for i in range(96)]
+    llm = spec_llm(models, draft="far")
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["spec_acceptance_rate"] < 0.8  # the draft really differs from the target
+    pits = _pits(outs, models["target"], np.random.default_rng(8))
+    assert len(pits) == 96 * 11
+    stat, df = _uniformity(pits)
+    assert stat < chi2_threshold(df), (stat, df)
+    bad, bad_df = _uniformity(_pits(outs, models["far"], np.random.default_rng(8)))  # the check has power
+    assert bad > chi2_threshold(bad_df), bad
+
+
+def _tokenizer(words):
+    model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0])
+    return Tokenizer(tokenizers.Tokenizer(model))
+
+
+def test_bad_speculative_settings_raise_before_anything_is_built(models):
+    with pytest.raises(ValueError, match="'eagle'"):
+        SpeculativeConfig(method="eagle")
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
+        SpeculativeConfig(num_speculative_tokens=0)
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
+    wide = CONFIG.replace(vocab_size=32)
+    with pytest.raises(ValueError, match="draft vocab_size 32 != target vocab_size 16"):
+        LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(wide, None), **ENGINE)
+    words = [f"w{i}" for i in range(16)]
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        LLM.from_params(CONFIG, models["target"], _tokenizer(words), speculative=spec,
+                        draft=(CONFIG, models["near"], _tokenizer(words[::-1])), **ENGINE)
+    with pytest.raises(ValueError, match="needs draft_model"):
+        LLM.from_params(CONFIG, models["target"], speculative=spec, **ENGINE)
+    heads = MedusaConfig(CONFIG.hidden_size, CONFIG.vocab_size, num_heads=2)
+    with pytest.raises(ValueError, match="num_speculative_tokens 3 exceeds the 2 medusa heads"):
+        LLM.from_params(CONFIG, models["target"], speculative=SpeculativeConfig(method="medusa", num_speculative_tokens=3),
+                        draft=(heads, None), **ENGINE)
+    llm = spec_llm(models)
+    with pytest.raises(ValueError, match="logprobs=True is not supported with speculative decoding"):
+        llm.generate([[1, 2], [3]], [SamplingParams(), SamplingParams(logprobs=True)], use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_ngram_engine_greedy_equals_target_greedy(models, prompts, oracle):
+    llm = spec_llm(models, draft=None, method="ngram")
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    assert llm.stats()["spec_acceptance_rate"] > 0.1  # the tiny model repeats itself: lookup pays
+
+
+@pytest.mark.slow
+def test_medusa_engine_greedy_equals_target_greedy(models, prompts, oracle):
+    heads_config = MedusaConfig(CONFIG.hidden_size, CONFIG.vocab_size, num_heads=GAMMA)
+    heads = init_medusa_params(heads_config, models["target"], CONFIG)
+    heads = _perturbed(heads, jax.random.key(2))
+    llm = spec_llm(models, draft=(heads_config, heads), method="medusa")
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    assert llm.stats()["spec_rounds"] > 0
