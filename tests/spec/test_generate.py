@@ -135,14 +135,17 @@ def test_one_compile_per_bucket_and_gamma(models, prompts):
     assert gen.TRACES["speculative"] == before + 2
 
 
-def _primitives(jaxpr, out):
+def _primitives(jaxpr, out, into_loops=True):
+    """Primitive names in jaxpr and its sub-jaxprs (not inside while loops unless into_loops)."""
     for eqn in jaxpr.eqns:
         out.append(eqn.primitive.name)
+        if eqn.primitive.name == "while" and not into_loops:
+            continue
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else [value]:
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    _primitives(inner, out)
+                    _primitives(inner, out, into_loops)
     return out
 
 
@@ -152,8 +155,9 @@ def test_one_while_loop_and_no_host_callbacks(models, prompts, program):
     fn = getattr(gen, program)
     jaxpr = jax.make_jaxpr(lambda a: fn(*models, **a, target_config=CONFIG, draft_config=CONFIG,
                                         attention_impl="auto", **static))(arrays)
+    outer = _primitives(jaxpr.jaxpr, [], into_loops=False)  # attention may loop over pages inside the body
+    assert outer.count("while") == 1, sorted(set(outer))
     names = _primitives(jaxpr.jaxpr, [])
-    assert names.count("while") == 1, sorted(set(names))
     assert not [n for n in names if "callback" in n or "outfeed" in n or "infeed" in n]
     assert "callback" not in str(jaxpr)
 
