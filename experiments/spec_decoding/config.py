@@ -1,5 +1,12 @@
-"""Configuration of the speculative-decoding experiment (override with key=value arguments)."""
+"""Configuration of the speculative-decoding experiment (override with key=value arguments).
+
+Budget: the full grid (3 methods x γ 1..8 (Medusa: 1..num_heads) x batch 1/4/16 x T 0/1 on the
+while-loop path, plus the engine rows) is sized to finish in <= 25 min on the 2-core CPU machine.
+Temperature is an array, not a static argument, so each (method, γ, batch) compiles once for both
+temperatures; compiles, not decoding, take most of the wall time.
+"""
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -7,19 +14,27 @@ class SpecDecodingConfig:
     # "jaxserve/<zoo name>", a checkpoint or HF directory, or "preset:<name>" (random weights: smoke only)
     target: str = "jaxserve/tiny-code"
     draft: str = "jaxserve/tiny-code-draft"
-    method: str = "draft_model"       # or "ngram" (prompt lookup; draft unused)
-    gammas: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
+    # trained Medusa heads (python -m experiments.medusa_heads writes them); null: heads initialised from
+    # the target's LM head, untrained (smoke only)
+    medusa_heads: Optional[str] = "runs/medusa_heads/tiny-code"
+    methods: tuple = ("draft_model", "ngram", "medusa")
+    gammas: tuple = (1, 2, 3, 4, 5, 6, 7, 8)   # Medusa rows stop at its number of heads
     batches: tuple = (1, 4, 16)
     temperatures: tuple = (0.0, 1.0)
     prompt_len: int = 64              # prompts: windows of the pycode val split (random ids for presets)
-    max_tokens: int = 128
+    max_tokens: int = 64
     ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work
-    repeats: int = 3                  # timed calls per point (median); one more untimed compiles
+    repeats: int = 2                  # timed calls per point (median); one more untimed compiles
     block_size: int = 16
+    # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
+    engine_methods: tuple = ("draft_model", "ngram", "medusa")
+    engine_gammas: tuple = (2, 4)
+    engine_max_tokens: int = 32
     seed: int = 0
-    smoke: bool = False               # label the figures as a smoke run, not results
-    out_dir: str = "experiments/spec_decoding"
 
 
-def get_config() -> SpecDecodingConfig:
-    return SpecDecodingConfig()
+CONFIG = SpecDecodingConfig()
+SMOKE = ("target=preset:tiny-llama", "draft=preset:tiny-llama", "medusa_heads=null", "gammas=[2]", "batches=[2]",
+         "temperatures=[1.0]",
+         "prompt_len=12", "max_tokens=8", "repeats=1", "engine_gammas=[2]", "engine_methods=[draft_model]",
+         "engine_max_tokens=6")

@@ -1,30 +1,32 @@
 """Speculative decoding vs target-only decoding: α, acceptance length vs theory, target calls, speedup.
 
-    python experiments/spec_decoding/run.py [key=value ...]
-    python experiments/spec_decoding/run.py target=preset:tiny-code draft=preset:tiny-code-draft \\
-        gammas=[1,3] batches=[1,4] max_tokens=32 prompt_len=16 repeats=1 smoke=true   # smoke run
+    python -m experiments.spec_decoding [preset=smoke] [key=value ...]
 
-Writes results.json and RESULTS.md into cfg.out_dir (smoke runs: smoke_results.json, SMOKE.md).
+Three proposers (a draft model, n-gram prompt lookup, Medusa heads) on two paths: the jitted
+while-loop generators (``jaxserve.spec.generate``: the whole batch in one program) and the engine
+(``LLM.generate`` with ``SpeculativeConfig``: one round per continuous-batching step). Each point
+is timed against target-only decoding of the same prompts in the same run.
 """
-import datetime
-import json
 import os
-import shlex
-import sys
 
 import jax
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]  # this checkout's jaxserve, whatever is installed
-from config import get_config  # noqa: E402
-
-from jaxserve.config import apply_overrides  # noqa: E402
-from jaxserve.models import get_preset, init_params  # noqa: E402
-from jaxserve.models.loading import resolve_model  # noqa: E402
-from jaxserve.spec.benchmark import measure_point  # noqa: E402
+from experiments.harness import ROOT
+from jaxserve.models import get_preset, init_params
+from jaxserve.models.loading import resolve_model
+from jaxserve.spec.benchmark import measure_engine_point, measure_point
+from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
 
 PRESET = "preset:"
+COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "gamma": "γ", "token_acceptance_prob": "α",
+           "acceptance_rate": "vLLM rate", "mean_acceptance_length": "length", "theory_acceptance_length": "theory",
+           "acceptance_length_vs_theory": "Δ", "target_calls_per_token": "calls/tok",
+           "spec_tokens_per_s": "spec tok/s", "baseline_tokens_per_s": "base tok/s", "speedup": "speedup"}
+FMT = {"temperature": "g", "token_acceptance_prob": ".3f", "acceptance_rate": ".3f",
+       "mean_acceptance_length": ".2f", "theory_acceptance_length": ".2f", "acceptance_length_vs_theory": "+.1%",
+       "target_calls_per_token": ".3f", "spec_tokens_per_s": ".0f", "baseline_tokens_per_s": ".0f",
+       "speedup": lambda r: f"{r['speedup']:.2f}x"}
 
 
 def load(name: str, seed: int):
@@ -45,71 +47,91 @@ def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
     return np.stack([stream[s:s + cfg.prompt_len] for s in starts])
 
 
-def measure(cfg):
+def proposers(cfg, tcfg, tparams):
+    """method -> proposer weights: (config, params) of the draft or the Medusa heads; None for ngram."""
+    out = {}
+    if "draft_model" in cfg.methods + cfg.engine_methods:
+        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1)
+        out["draft_model"] = (dcfg, dparams)
+    if "ngram" in cfg.methods + cfg.engine_methods:
+        out["ngram"] = None
+    if "medusa" in cfg.methods + cfg.engine_methods:
+        if cfg.medusa_heads is None:
+            hcfg = MedusaConfig(tcfg.hidden_size, tcfg.vocab_size, max(cfg.gammas + cfg.engine_gammas))
+            out["medusa"] = (hcfg, init_medusa_params(hcfg, tparams, tcfg))
+        else:
+            out["medusa"] = load_heads(os.path.join(ROOT, cfg.medusa_heads))
+    return out
+
+
+def run(cfg, out):
     tcfg, tparams, tok = load(cfg.target, cfg.seed)
-    dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1) if cfg.method == "draft_model" else (None, None, None)
+    props = proposers(cfg, tcfg, tparams)
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
-    rows = []
-    for temperature in cfg.temperatures:
-        for batch in cfg.batches:
-            prompts = make_prompts(cfg, tok, tcfg.vocab_size, batch)
-            lens = np.full(batch, cfg.prompt_len)
-            rows += measure_point((tcfg, tparams), (dcfg, dparams), prompts, lens, gammas=cfg.gammas,
-                                  temperature=temperature, max_tokens=cfg.max_tokens, eos_token_id=eos,
-                                  repeats=cfg.repeats, block_size=cfg.block_size, seed=cfg.seed,
-                                  method=cfg.method)
-            print(json.dumps({k: rows[-1][k] for k in ("temperature", "batch", "gamma", "speedup")}), flush=True)
-    return rows
+    heads = props["medusa"][0].num_heads if "medusa" in props else 0
+    out.text(f"Target {cfg.target}; draft {cfg.draft}; Medusa heads "
+             f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
+             f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
+             f"{cfg.engine_max_tokens}), median of {cfg.repeats} timed calls.\n\n"
+             "α = accepted / reached (Leviathan's per-token α); vLLM rate = accepted / drafted; length = 1 + "
+             "accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target forward passes (prefill "
+             "included) per generated token; speedup = tokens/s over target-only decoding of the same prompts "
+             "in the same run (the engine path: over a plain engine).")
+    points = [(m, b, t) for m in cfg.methods for b in cfg.batches for t in cfg.temperatures]
+    rows = {m: [] for m in cfg.methods}
+    for method, batch, temperature in out.progress(points, desc="generate points"):
+        prompts = make_prompts(cfg, tok, tcfg.vocab_size, batch)
+        gammas = [g for g in cfg.gammas if method != "medusa" or g <= heads]
+        rows[method] += measure_point((tcfg, tparams), props.get(method) or (None, None), prompts,
+                                      np.full(batch, cfg.prompt_len), gammas=gammas, temperature=temperature,
+                                      max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
+                                      block_size=cfg.block_size, seed=cfg.seed, method=method)
+    for method in cfg.methods:
+        out.table(method, rows[method], columns=COLUMNS, fmt=FMT, title=f"While-loop path: {method}")
+    engine = []
+    engine_props = {m: props[m] for m in cfg.engine_methods}
+    for batch, temperature in out.progress([(b, t) for b in cfg.batches for t in cfg.temperatures],
+                                           desc="engine points"):
+        gammas = [g for g in cfg.engine_gammas if "medusa" not in engine_props or g <= heads]
+        engine += measure_engine_point((tcfg, tparams), engine_props, make_prompts(cfg, tok, tcfg.vocab_size, batch),
+                                       gammas=gammas, temperature=temperature, max_tokens=cfg.engine_max_tokens,
+                                       repeats=cfg.repeats, engine_kwargs={"block_size": cfg.block_size},
+                                       seed=cfg.seed)
+    if engine:
+        out.table("engine", engine, columns=COLUMNS, fmt=FMT,
+                  title="Engine path: LLM.generate, one speculative round per step, vs a plain engine")
+    everything = [r for m in cfg.methods for r in rows[m]] + engine
+    out.table("best", best_rows(everything), columns={"path": "path", **COLUMNS}, fmt=FMT,
+              title="Best γ per (path, method, temperature, batch)")
+    plot(out, everything, cfg)
 
 
-def markdown(rows, meta):
-    kind = "SMOKE RUN (random weights: figures exercise the code, they are not results)" if meta["smoke"] \
-        else "results"
-    proposer = meta["draft"] + " drafting" if meta["method"] == "draft_model" else "n-gram prompt lookup"
-    lines = [f"# Speculative decoding: {meta['target']} verified, {proposer} ({kind})", "",
-             f"Command: `{meta['command']}`  ",
-             f"Date: {meta['date']}; JAX {meta['jax_version']} ({meta['backend']}); load average at start "
-             f"{meta['loadavg_start']}, at end {meta['loadavg_end']}; prompts {meta['prompt_len']} tokens, "
-             f"{meta['max_tokens']} generated per row, median of {meta['repeats']} timed calls.", "",
-             "α = accepted / reached (Leviathan's per-token α); vLLM's rate = accepted / drafted; "
-             "length = 1 + accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target "
-             "forward passes (prefill included) per generated token; speedup = tokens/s over target-only "
-             "decoding of the same prompts in the same run.", "",
-             "| T | batch | γ | α | vLLM rate | length | theory | Δ | calls/tok | spec tok/s | base tok/s | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def best_rows(rows):
+    best = {}
     for r in rows:
-        lines.append(f"| {r['temperature']:g} | {r['batch']} | {r['gamma']} | {r['token_acceptance_prob']:.3f} | "
-                     f"{r['acceptance_rate']:.3f} | {r['mean_acceptance_length']:.2f} | "
-                     f"{r['theory_acceptance_length']:.2f} | {100 * r['acceptance_length_vs_theory']:+.1f}% | "
-                     f"{r['target_calls_per_token']:.3f} | {r['spec_tokens_per_s']:.0f} | "
-                     f"{r['baseline_tokens_per_s']:.0f} | {r['speedup']:.2f}x |")
-    lines += ["", "Best γ per (temperature, batch):", ""]
-    for key in dict.fromkeys((r["temperature"], r["batch"]) for r in rows):
-        best = max((r for r in rows if (r["temperature"], r["batch"]) == key), key=lambda r: r["speedup"])
-        lines.append(f"- T={key[0]:g}, batch {key[1]}: γ={best['gamma']}, {best['speedup']:.2f}x")
-    return "\n".join(lines) + "\n"
+        key = (r["path"], r["method"], r["temperature"], r["batch"])
+        if key not in best or r["speedup"] > best[key]["speedup"]:
+            best[key] = r
+    return list(best.values())
 
 
-def main(argv):
-    cfg = apply_overrides(get_config(), argv)
-    load_start = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    rows = measure(cfg)
-    meta = {"command": " ".join(["python", "experiments/spec_decoding/run.py"] + [shlex.quote(a) for a in argv]),
-            "date": datetime.datetime.now().isoformat(timespec="minutes"), "jax_version": jax.__version__,
-            "backend": jax.default_backend(), "loadavg_start": load_start,
-            "loadavg_end": " ".join(f"{x:.1f}" for x in os.getloadavg()), "smoke": cfg.smoke,
-            "target": cfg.target, "draft": cfg.draft, "method": cfg.method, "prompt_len": cfg.prompt_len,
-            "max_tokens": cfg.max_tokens,
-            "repeats": cfg.repeats}
-    tag = "" if cfg.method == "draft_model" else f"_{cfg.method}"
-    stem = (f"smoke_results{tag}.json", f"SMOKE{tag}.md") if cfg.smoke else (f"results{tag}.json", f"RESULTS{tag}.md")
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    with open(os.path.join(cfg.out_dir, stem[0]), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(cfg.out_dir, stem[1]), "w") as f:
-        f.write(markdown(rows, meta))
-    print(markdown(rows, meta))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def plot(out, rows, cfg):
+    with out.figure("speedup_vs_batch", "best-γ speedup over target-only decoding vs batch size "
+                                        "(1 = break-even)") as ax:
+        for r0 in {(r["path"], r["method"], r["temperature"]): r for r in rows}.values():
+            pts = sorted((r["batch"], r["speedup"]) for r in best_rows(rows)
+                         if (r["path"], r["method"], r["temperature"]) == (r0["path"], r0["method"], r0["temperature"]))
+            ax.plot(*zip(*pts), marker="o", label=f"{r0['path']} {r0['method']} T={r0['temperature']:g}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("speedup")
+        ax.legend(fontsize=6)
+    with out.figure("acceptance_length", "measured mean acceptance length vs theory (1 - α^(γ+1)) / (1 - α), "
+                                         "while-loop path") as ax:
+        gen = [r for r in rows if r["path"] == "generate"]
+        ax.scatter([r["theory_acceptance_length"] for r in gen], [r["mean_acceptance_length"] for r in gen], s=10)
+        top = max([r["gamma"] for r in gen] + [1]) + 1
+        ax.plot([1, top], [1, top], color="gray", lw=0.8)
+        ax.set_xlabel("theory")
+        ax.set_ylabel("measured")
