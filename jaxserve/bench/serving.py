@@ -6,7 +6,9 @@ steps from its arrival to the end of the step that produced its last token. When
 running the clock jumps to the next arrival. Steps are the time unit because on a loaded CPU
 wall time is noise; the wall seconds spent inside ``engine.step`` are recorded beside them.
 
-After every step the driver samples the batch (requests that ran) and, every ``probe_every``
+After every step the driver samples the batch (requests that ran; ``mean_batch_saturated``
+averages it over the steps that left requests waiting: the steady-state concurrency when
+overloaded) and, every ``probe_every``
 steps, the KV memory breakdown (``jaxserve.engine.kv_accounting``), flagged ``saturated`` when
 requests were left waiting, and the blocks in use with and without sharing.
 """
@@ -37,6 +39,7 @@ class ServingResult:
     finish: list[int] = field(default_factory=list)  # step count when its last token came
     output_len: list[int] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)  # per step: requests that ran
+    saturated: list[bool] = field(default_factory=list)  # per step: requests were left waiting
     breakdowns: list[tuple[bool, dict]] = field(default_factory=list)  # (saturated, fractions)
     blocks: list[tuple[int, int]] = field(default_factory=list)  # (physical, unshared) blocks per probe
     steps: int = 0
@@ -46,12 +49,14 @@ class ServingResult:
     def summary(self) -> dict:
         lat = np.asarray(self.finish, float) - np.asarray(self.arrival)
         span = max(self.finish) - min(self.arrival)
+        sat = [b for b, s in zip(self.batch, self.saturated) if s]
         return {"requests": len(lat), "steps": self.steps, "wall_s": self.wall_s,
                 "throughput_req_per_step": len(lat) / span,
                 "throughput_req_per_s": len(lat) / self.wall_s if self.wall_s else math.nan,
                 "mean_latency_steps": float(lat.mean()),
                 "normalized_latency": float(np.mean(lat / np.asarray(self.output_len))),
                 "mean_batch": float(np.mean(self.batch)), "max_batch": int(max(self.batch)),
+                "mean_batch_saturated": float(np.mean(sat)) if sat else math.nan,
                 "preemptions": self.preemptions, "sharing_saving": sharing_saving(self.blocks),
                 "kv": mean_breakdown(self.breakdowns), "kv_saturated": mean_breakdown(self.breakdowns, True)}
 
@@ -94,6 +99,7 @@ def serve(engine, requests: Sequence[TimedRequest], *, probe_every: int = 1,
         res.steps += 1
         ran = {t.request_id for t in produced} | {s.request_id for s in sched.running}
         res.batch.append(len(ran))
+        res.saturated.append(bool(sched.waiting))
         for t in produced:
             if t.finished and res.finish[int(t.request_id)] < 0:
                 res.finish[int(t.request_id)] = clock

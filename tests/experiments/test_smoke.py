@@ -59,8 +59,27 @@ def check_moe_ep(res):
         assert (r["dropped"] == 0) if r["capacity_factor"] == 0 else (0 <= r["dropped"] < r["assignments"])
 
 
+def check_vllm_paged(res):
+    cfg, parts = res["config"], ("token_states", "reserved", "internal", "external", "free")
+    for r in res["tables"]["serving"] + res["tables"]["block_size"] + res["tables"]["prefix"]:
+        assert sum(r[f"kv_{k}"] for k in parts) == pytest.approx(1.0)  # the categories partition the memory
+        assert r["normalized_latency"] >= 1.0 - 1e-9  # at most one token per step per sequence
+    for r in res["tables"]["serving"]:
+        assert r["requests"] == cfg[f"{r['dataset']}_requests"]
+        if r["policy"] == "paged":
+            assert r["kv_reserved"] == r["kv_external"] == 0
+        else:
+            assert r["preemptions"] == 0  # a reservation covers every sequence's growth
+    for r in res["tables"]["sharing"]:
+        assert 0 < r["saving"] < 1  # samples and beams share at least the prompt's full blocks
+    caching = {(r["prefix_len"], r["prefix_caching"]): r for r in res["tables"]["prefix"] if r["policy"] == "paged"}
+    for plen in cfg["prefix_lens"]:
+        assert caching[plen, True]["throughput_req_per_step"] >= caching[plen, False]["throughput_req_per_step"]
+    assert all(r["same_schedule_as_null_runner"] for r in res["tables"]["model"])
+
+
 CHECKS = {"fp4_quant_error": check_fp4_quant_error, "fp4_perplexity": check_fp4_perplexity,
-          "moe_balance": check_moe_balance, "moe_ep": check_moe_ep}
+          "moe_balance": check_moe_balance, "moe_ep": check_moe_ep, "vllm_paged": check_vllm_paged}
 
 
 def test_every_experiment_is_discovered():
