@@ -2,7 +2,7 @@
 attention over a contiguous (non-paged) cache of the same lengths.
 
     python benchmarks/paged_attention.py --out paged_attention.json [--grid small|gpu]
-        [--impls pallas,reference,contiguous[,mosaic]] [--dtype bfloat16] [--iters 20]
+        [--impls pallas,xla,reference,contiguous[,mosaic]] [--dtype bfloat16] [--iters 20]
 
 Bandwidth = bytes of K/V the sequences hold (B * context * Hkv * D * 2 * itemsize) / time, and
 as a fraction of the device's measured copy bandwidth (bytes read + written / time of a copy).
@@ -25,6 +25,7 @@ from timing import copy_bandwidth, time_fn  # benchmarks/timing.py, beside this 
 from pallas_kernels.paged_attention import (
     paged_attention,
     paged_attention_mosaic,
+    paged_attention_online,
     paged_attention_reference,
 )
 
@@ -97,6 +98,7 @@ def bench_config(cfg, impls, dtype, iters, copy_bw, interpret):
     runs = {
         "pallas": (jax.jit(lambda *a: paged_attention(*a, interpret=interpret)), paged),
         "reference": (jax.jit(paged_attention_reference), paged),
+        "xla": (jax.jit(paged_attention_online), paged),
         "mosaic": (jax.jit(paged_attention_mosaic), paged),
         "contiguous": (jax.jit(contiguous_attention), (x["q"], x["k"], x["v"], x["lengths"])),
     }
@@ -130,8 +132,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--grid", choices=sorted(GRIDS), default="gpu" if on_gpu else "small")
-    parser.add_argument("--impls", default="pallas,reference,contiguous" if on_gpu
-                        else "reference,contiguous")
+    parser.add_argument("--impls", default="pallas,xla,reference,contiguous" if on_gpu
+                        else "xla,reference,contiguous")
     parser.add_argument("--dtype", default="bfloat16" if on_gpu else "float32")
     parser.add_argument("--iters", type=int, default=20 if on_gpu else 5)
     parser.add_argument("--limit", type=int, default=None, help="only the first N grid entries")

@@ -24,7 +24,7 @@ from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.engine.scheduler import SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.attention import AttentionMetadata, resolve_impl
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import SamplingBatch, sample
@@ -53,7 +53,12 @@ class ModelRunner:
         self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
         self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
         max_pages = -(-max_model_len // block_size)
-        self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
+        if resolve_impl(attention_impl) == "xla":
+            # The XLA path loops over live pages only: its cost does not follow the table width,
+            # so one width (the longest table) serves every step and compiles far fewer programs.
+            self.page_buckets = [max_pages]
+        else:
+            self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
         self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
                                          config.head_dim, jnp.dtype(config.dtype))
         self.attention_impl = attention_impl

@@ -49,8 +49,8 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if impl != "pallas" and meta.uniform_q_len is not None:
         fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len)
-    # "xla" has no ragged variant of its own yet: mixed prefill/decode steps use the reference
-    fn = pa.ragged_paged_attention if impl == "pallas" else pa.ragged_paged_attention_reference
+    fn = {"reference": pa.ragged_paged_attention_reference, "xla": pa.ragged_paged_attention_online,
+          "pallas": pa.ragged_paged_attention}[impl]
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
 
 

@@ -6,6 +6,8 @@ import pytest
 from pallas_kernels.paged_attention import (
     paged_attention_online,
     paged_attention_reference,
+    ragged_paged_attention_online,
+    ragged_paged_attention_reference,
     uniform_paged_attention_online,
     uniform_paged_attention_reference,
 )
@@ -60,3 +62,26 @@ def test_pages_past_the_longest_sequence_are_never_read(decode_case):
     got = paged_attention_online(q, k_bad, v, tables_bad, lens, pages_per_step=1)
     want = paged_attention_reference(q, k, v, tables, lens)
     np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+@pytest.mark.parametrize("q_lens, contexts, tile, window", [
+    ([1, 7, 1, 20], [9, 7, 30, 44], 4, None),   # decode rows beside prefill chunks, a fresh prompt
+    ([5, 0, 3], [12, 0, 3], 16, None),          # an empty sequence; tiles larger than any chunk
+    ([6, 2], [25, 14], 4, 5),                   # sliding window
+])
+def test_ragged_equals_reference(q_lens, contexts, tile, window):
+    rng = np.random.default_rng(len(q_lens))
+    pages, page, kv_heads, heads, dim, per_seq = 48, 4, 2, 4, 8, 12
+    k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    seqs = len(q_lens)
+    tables = jnp.asarray(rng.permutation(pages)[: seqs * per_seq].reshape(seqs, per_seq), jnp.int32)
+    total = sum(q_lens)
+    q = jnp.asarray(rng.normal(size=(total + 3, heads, dim)), jnp.float32)  # 3 padding rows
+    cu = jnp.asarray(np.r_[0, np.cumsum(q_lens)], jnp.int32)
+    context = jnp.asarray(contexts, jnp.int32)
+    want = ragged_paged_attention_reference(q, k, v, tables, context, cu, sliding_window=window)
+    got = ragged_paged_attention_online(q, k, v, tables, context, cu, tile=tile, pages_per_step=2,
+                                        sliding_window=window)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_array_equal(got[total:], 0)
