@@ -28,7 +28,7 @@ class SpecDecodingConfig:
     block_size: int = 16
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
-    engine_gammas: tuple = (2, 4)
+    engine_gammas: tuple = (3,)
     engine_max_tokens: int = 32
     seed: int = 0
 

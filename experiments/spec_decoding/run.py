@@ -95,7 +95,9 @@ def run(cfg, out):
         gammas = [g for g in cfg.engine_gammas if "medusa" not in engine_props or g <= heads]
         engine += measure_engine_point((tcfg, tparams), engine_props, make_prompts(cfg, tok, tcfg.vocab_size, batch),
                                        gammas=gammas, temperature=temperature, max_tokens=cfg.engine_max_tokens,
-                                       repeats=cfg.repeats, engine_kwargs={"block_size": cfg.block_size},
+                                       repeats=cfg.repeats,
+                                       # no prefix caching: every timed call does the same prefill as the first
+                                       engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
                                        seed=cfg.seed)
     if engine:
         out.table("engine", engine, columns=COLUMNS, fmt=FMT,

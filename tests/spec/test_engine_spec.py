@@ -55,17 +55,21 @@ def prompts():
 _full = jax.jit(lambda params, tokens: forward_full(params, CONFIG, tokens))
 
 
-@pytest.fixture(scope="module")
-def oracle(models, prompts):
+def greedy_oracle(params, prompts, steps=MAX_TOKENS):
     """Greedy continuations by repeated uncached forward passes (no KV cache, no engine)."""
-    width = max(LENS) + MAX_TOKENS
+    width = 48  # one shape for every call
     seqs = [list(p) for p in prompts]
-    for _ in range(MAX_TOKENS):
+    for _ in range(steps):
         batch = np.array([s + [0] * (width - len(s)) for s in seqs], np.int32)
-        logits = np.asarray(_full(models["target"], batch))
+        logits = np.asarray(_full(params, batch))
         for i, s in enumerate(seqs):
             s.append(int(np.argmax(logits[i, len(s) - 1])))
     return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+@pytest.fixture(scope="module")
+def oracle(models, prompts):
+    return greedy_oracle(models["target"], prompts)
 
 
 def spec_llm(models, draft="near", method="draft_model"):
@@ -89,6 +93,17 @@ def test_greedy_engine_speculation_equals_target_greedy(models, prompts, oracle)
     before = s["spec_compilations"]  # a new workload in the same buckets compiles nothing
     llm.generate([p[:5] for p in prompts[:3]], SamplingParams(max_tokens=7, temperature=0.5, seed=1), use_tqdm=False)
     assert llm.stats()["spec_compilations"] == before
+
+
+def test_parallel_samples_and_prefix_cache_hits_keep_greedy_exact(models, prompts):
+    long = [prompts[3] + prompts[0][:6], prompts[1]]  # 22 tokens: its first block can be a prefix-cache hit
+    expected = greedy_oracle(models["target"], long)
+    llm = spec_llm(models)
+    assert tokens(llm.generate(long, GREEDY, use_tqdm=False)) == expected
+    again = llm.generate(long, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, n=2),
+                         use_tqdm=False)
+    assert llm.stats()["prefix_cache_hit_rate"] > 0
+    assert [[c.token_ids for c in o.outputs] for o in again] == [[row, row] for row in expected]
 
 
 def test_eos_and_max_tokens_stop_mid_round(models, prompts, oracle):
@@ -197,3 +212,12 @@ def test_medusa_engine_greedy_equals_target_greedy(models, prompts, oracle):
     llm = spec_llm(models, draft=(heads_config, heads), method="medusa")
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     assert llm.stats()["spec_rounds"] > 0
+
+
+@pytest.mark.slow
+def test_preemption_under_memory_pressure_keeps_greedy_exact(models, prompts, oracle):
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]),
+                          **{**ENGINE, "num_kv_blocks": 6})  # the 4 sequences need up to 9 blocks at once
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    assert llm.stats()["num_preemptions"] > 0
