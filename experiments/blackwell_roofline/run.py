@@ -149,7 +149,10 @@ def moe_table(out) -> None:
                          "share_of_experts": touched / m.num_experts,
                          "weight_gb_read": step.weight_bytes / 1e9,
                          "weight_bytes_per_token_gb": step.weight_bytes / b / 1e9})
-    out.table("moe_expert_reads", rows, title="MoE: expected distinct experts per layer a batch routes to "
+    columns = {"model": "model", "batch": "batch", "experts_touched": "experts touched",
+               "share_of_experts": "share of routed experts", "weight_gb_read": "weight GB read per step (FP8)",
+               "weight_bytes_per_token_gb": "GB per token"}
+    out.table("moe_expert_reads", rows, columns, title="MoE: expected distinct experts per layer a batch routes to "
               "(uniform routing: E(1 - (1 - k/E)^b)) and the FP8 weight bytes one decode step reads",
               fmt={"experts_touched": ".1f", "share_of_experts": ".2f", "weight_gb_read": ".1f",
                    "weight_bytes_per_token_gb": ".3f"})
