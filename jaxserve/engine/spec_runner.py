@@ -47,7 +47,8 @@ from jaxserve.spec.round import RoundInputs, spec_round
 
 @dataclasses.dataclass(frozen=True)
 class Proposer:
-    """What proposes: ``method`` with its weights (draft ``ModelConfig`` or ``MedusaConfig`` + params; none for ngram)."""
+    """What proposes: ``method`` and its weights (a draft ``ModelConfig`` or a ``MedusaConfig``, and params;
+    none for ngram)."""
     method: str
     config: Any = None
     params: Any = None

@@ -55,8 +55,6 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
                                                 gamma=gamma, **common)
         spec_s, (_, n, metrics) = _timed(call, repeats)
         s = summarize(metrics)
-        alpha = s["token_acceptance_prob"]
-        theory = expected_acceptance_length(alpha, gamma)
         rows.append(_row("generate", method, b, temperature, gamma, s, int(np.sum(n)) / spec_s, spec_s,
                          base_tps, base_s))
     return rows

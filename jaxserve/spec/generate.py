@@ -7,7 +7,8 @@ per sequence.
 ``spec_round`` (draft γ tokens with an inner ``scan``, verify in one target pass, exact rejection
 sampling, roll back by positions) plus EOS / max_tokens bookkeeping; the loop ends when every
 sequence is done. ``target_only_generate`` is the same program with a plain decode step as the
-body; ``ngram_generate`` and ``medusa_generate`` swap the draft for prompt lookup or Medusa heads. Nothing returns to the host until the batch is finished.
+body; ``ngram_generate`` and ``medusa_generate`` swap the draft for prompt lookup or Medusa heads.
+Nothing returns to the host until the batch is finished.
 
 Shapes are bucketed (powers of two for B, Lp and N), so one program serves every call in a
 (batch, prompt, output, γ) bucket; per-request lengths, max_tokens, sampling settings, seeds and

@@ -189,8 +189,8 @@ def test_bad_speculative_settings_raise_before_anything_is_built(models):
         LLM.from_params(CONFIG, models["target"], speculative=spec, **ENGINE)
     heads = MedusaConfig(CONFIG.hidden_size, CONFIG.vocab_size, num_heads=2)
     with pytest.raises(ValueError, match="num_speculative_tokens 3 exceeds the 2 medusa heads"):
-        LLM.from_params(CONFIG, models["target"], speculative=SpeculativeConfig(method="medusa", num_speculative_tokens=3),
-                        draft=(heads, None), **ENGINE)
+        LLM.from_params(CONFIG, models["target"], draft=(heads, None), **ENGINE,
+                        speculative=SpeculativeConfig(method="medusa", num_speculative_tokens=3))
     llm = spec_llm(models)
     with pytest.raises(ValueError, match="logprobs=True is not supported with speculative decoding"):
         llm.generate([[1, 2], [3]], [SamplingParams(), SamplingParams(logprobs=True)], use_tqdm=False)
