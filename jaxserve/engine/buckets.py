@@ -15,3 +15,13 @@ def bucket(value: int, buckets: list[int]) -> int:
         if value <= b:
             return b
     raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
+
+
+def half_octaves(lo: int, hi: int) -> list[int]:
+    """[lo, 1.5lo, 2lo, 3lo, 4lo, ...] up to the first value >= hi: at most 1/3 of a padded batch is waste."""
+    out = [max(lo, 1)]
+    while out[-1] < hi:
+        x = out[-1]
+        up = x + x // 2 if (x & (x - 1)) == 0 and x >= 2 else 2 ** x.bit_length()  # 2^k -> 1.5 * 2^k -> 2^(k+1)
+        out.append(up)
+    return out

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
-from jaxserve.engine.buckets import bucket, powers_of_two
+from jaxserve.engine.buckets import bucket, half_octaves, powers_of_two
 from jaxserve.engine.scheduler import SchedulerOutput
 from jaxserve.models.attention import AttentionMetadata, resolve_impl
 from jaxserve.models.transformer import forward
@@ -50,15 +50,17 @@ class ModelRunner:
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         # Minimum buckets trade a little padded work for far fewer programs to compile.
-        self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
         self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
         max_pages = -(-max_model_len // block_size)
         if resolve_impl(attention_impl) == "xla":
             # The XLA path loops over live pages only: its cost does not follow the table width,
-            # so one width (the longest table) serves every step and compiles far fewer programs.
+            # so one width (the longest table) serves every step; with that many fewer programs,
+            # decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64).
             self.page_buckets = [max_pages]
+            self.seq_buckets = half_octaves(min(8, max_num_seqs), max_num_seqs)
         else:
             self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
+            self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
         self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
                                          config.head_dim, jnp.dtype(config.dtype))
         self.attention_impl = attention_impl

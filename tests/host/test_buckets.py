@@ -1,0 +1,24 @@
+"""Shape buckets: every size fits a bucket, and the padding a bucket costs is bounded."""
+import pytest
+from hypothesis import given, strategies as st
+
+from jaxserve.engine.buckets import bucket, half_octaves, powers_of_two
+
+
+@given(lo=st.integers(1, 64), hi=st.integers(1, 4096))
+def test_buckets_cover_and_bound_padding(lo, hi):
+    # half octaves start from the next power of two when lo is not one
+    for make, waste in ((powers_of_two, 2.0), (half_octaves, 1.5 if lo & (lo - 1) == 0 else 2.0)):
+        buckets = make(lo, hi)
+        assert buckets == sorted(set(buckets)) and buckets[0] == lo and buckets[-1] >= hi
+        for n in range(lo, hi + 1, max(1, hi // 50)):
+            assert n <= bucket(n, buckets) <= waste * n
+
+
+def test_half_octaves_of_the_default_batch_range():
+    assert half_octaves(8, 64) == [8, 12, 16, 24, 32, 48, 64]
+
+
+def test_too_large_is_refused():
+    with pytest.raises(ValueError, match="65 exceeds the largest bucket 64"):
+        bucket(65, half_octaves(8, 64))
