@@ -39,13 +39,16 @@ def token_windows(tokenizer, vocab: int, split: str, length: int, count: int, rn
 
 def run(cfg, out):
     tcfg, tparams, tok = load_target(cfg.target, cfg.seed)
+    if cfg.labels not in ("target", "corpus"):
+        raise ValueError(f"labels must be 'target' or 'corpus', got {cfg.labels!r}")
     hcfg = MedusaConfig(tcfg.hidden_size, tcfg.vocab_size, cfg.num_heads, cfg.num_layers)
     rng = np.random.default_rng(cfg.seed)
     length = window_length(cfg.seq_len, hcfg)
     train = token_windows(tok, tcfg.vocab_size, "train", length, cfg.steps * cfg.batch_size, rng)
     val = token_windows(tok, tcfg.vocab_size, "val", length, cfg.eval_windows, rng)
-    out.text(f"Target {cfg.target} (frozen); {cfg.num_heads} heads of {cfg.num_layers} residual block(s) + "
-             f"a linear map initialised from the LM head; {cfg.steps} steps of {cfg.batch_size} windows x "
+    out.text(f"Labels: {cfg.labels}. Target {cfg.target} (frozen); {cfg.num_heads} heads of {cfg.num_layers} "
+             f"residual block(s) + a linear map initialised from the LM head; {cfg.steps} steps of "
+             f"{cfg.batch_size} windows x "
              f"{cfg.seq_len} positions ({len(train) * cfg.seq_len} training positions, "
              + ("random windows of the pycode train split); accuracy on val-split windows." if tok is not None else
                 "random token ids: smoke only); accuracy on other random windows."))
@@ -65,7 +68,7 @@ def run(cfg, out):
     for step in out.progress(range(cfg.steps), desc="medusa heads", total=cfg.steps):
         batch = train[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         heads, opt_state, loss, _ = train_step(heads, opt_state, tparams, batch, optimizer=optimizer,
-                                               decay=cfg.decay, **static)
+                                               decay=cfg.decay, labels=cfg.labels, **static)
         curve.append(float(loss))
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             record(step + 1)

@@ -2,9 +2,12 @@
 
 Axis names: B windows, T positions, K heads, V vocabulary, E hidden size.
 
-Head k (1-based) at position t is trained with cross-entropy against the corpus token t+1+k;
-the heads' losses are weighted λ_k = decay^k (Medusa-1 uses 0.8), and the target stays frozen
-(its hidden states are computed under ``stop_gradient``). Optimiser: optax AdamW, cosine decay.
+Head k (1-based) at position t is trained with cross-entropy against token t+1+k: either the
+corpus token (``labels="corpus"``, Medusa-1 on its fine-tuning data) or the target's own argmax
+for that token given the true prefix (``labels="target"``, the self-distillation of the Medusa
+paper, §2.3.2): greedy verification accepts exactly when a head guesses the target's argmax.
+The heads' losses are weighted λ_k = decay^k (Medusa-1 uses 0.8), and the target stays frozen
+(its outputs are computed under ``stop_gradient``). Optimiser: optax AdamW, cosine decay.
 """
 from __future__ import annotations
 
@@ -24,12 +27,22 @@ def window_length(num_positions: int, heads_config: MedusaConfig) -> int:
     return num_positions + heads_config.num_heads + 1
 
 
-def medusa_loss(heads_params: dict, heads_config: MedusaConfig, hidden: jax.Array, tokens: jax.Array,
+def corpus_labels(tokens: jax.Array, t: int, k: int) -> jax.Array:
+    """i32[B, T, K]: the token head j+1 must predict at position i, tokens[i + 2 + j]."""
+    return jnp.stack([tokens[:, 2 + j:2 + j + t] for j in range(k)], axis=2)
+
+
+def target_labels(logits: jax.Array, t: int, k: int) -> jax.Array:
+    """i32[B, T, K]: the target's argmax for token i + 2 + j given the true prefix (logits f32[B, >= T+K, V])."""
+    guess = jnp.argmax(logits, -1)  # guess[:, i] is the target's prediction of token i + 1
+    return jnp.stack([guess[:, 1 + j:1 + j + t] for j in range(k)], axis=2)
+
+
+def medusa_loss(heads_params: dict, heads_config: MedusaConfig, hidden: jax.Array, labels: jax.Array,
                 decay: float = 0.8) -> tuple[jax.Array, jax.Array]:
-    """hidden f32[B, T, E] at positions 0..T-1 of tokens i32[B, T+K+1] -> (weighted loss, top-1 accuracy f32[K])."""
-    t, k = hidden.shape[1], heads_config.num_heads
+    """hidden f32[B, T, E], labels i32[B, T, K] -> (weighted cross-entropy, top-1 accuracy f32[K])."""
+    k = heads_config.num_heads
     logits = medusa_logits(heads_params, heads_config, hidden)  # [B, T, K, V]
-    labels = jnp.stack([tokens[:, 2 + j:2 + j + t] for j in range(k)], axis=2)  # head j+1 predicts t+2+j
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean((0, 1))  # [K]
     weights = decay ** jnp.arange(1, k + 1, dtype=jnp.float32)
     accuracy = (jnp.argmax(logits, -1) == labels).mean((0, 1))
@@ -41,14 +54,16 @@ def make_optimizer(learning_rate: float, steps: int, warmup: int, weight_decay: 
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-@partial(jax.jit, static_argnames=("target_config", "heads_config", "optimizer", "decay"), donate_argnums=(0, 1))
+@partial(jax.jit, static_argnames=("target_config", "heads_config", "optimizer", "decay", "labels"),
+         donate_argnums=(0, 1))
 def train_step(heads_params, opt_state, target_params, tokens, *, target_config: ModelConfig,
-               heads_config: MedusaConfig, optimizer, decay: float = 0.8):
+               heads_config: MedusaConfig, optimizer, decay: float = 0.8, labels: str = "target"):
     """One AdamW step on a batch of windows i32[B, T+K+1]; returns (params, opt_state, loss, accuracy f32[K])."""
-    t = tokens.shape[1] - heads_config.num_heads - 1
-    _, hidden = full_hidden(target_params, target_config, tokens[:, :t])
-    hidden = jax.lax.stop_gradient(hidden)
-    (loss, acc), grads = jax.value_and_grad(medusa_loss, has_aux=True)(heads_params, heads_config, hidden, tokens,
+    k = heads_config.num_heads
+    t = tokens.shape[1] - k - 1
+    logits, hidden = jax.lax.stop_gradient(full_hidden(target_params, target_config, tokens[:, :t + k]))
+    y = target_labels(logits, t, k) if labels == "target" else corpus_labels(tokens, t, k)
+    (loss, acc), grads = jax.value_and_grad(medusa_loss, has_aux=True)(heads_params, heads_config, hidden[:, :t], y,
                                                                        decay)
     updates, opt_state = optimizer.update(grads, opt_state, heads_params)
     return optax.apply_updates(heads_params, updates), opt_state, loss, acc
@@ -58,10 +73,9 @@ def train_step(heads_params, opt_state, target_params, tokens, *, target_config:
 def evaluate(heads_params, target_params, tokens, *, target_config: ModelConfig, heads_config: MedusaConfig):
     """Per-head top-1 accuracy f32[K] against the corpus, and against the target's own argmax one step on
     (head 1's label shifted: how often head k's guess equals what the target itself predicts there)."""
-    t = tokens.shape[1] - heads_config.num_heads - 1
+    k = heads_config.num_heads
+    t = tokens.shape[1] - k - 1
     logits, hidden = full_hidden(target_params, target_config, tokens)
-    _, acc = medusa_loss(heads_params, heads_config, hidden[:, :t], tokens)
-    target_next = jnp.argmax(logits, -1)  # [B, L]: the target's prediction of token i+1 given the true prefix
     guesses = jnp.argmax(medusa_logits(heads_params, heads_config, hidden[:, :t]), -1)  # [B, T, K]
-    agree = jnp.stack([guesses[:, :, j] == target_next[:, 1 + j:1 + j + t] for j in range(heads_config.num_heads)], -1)
-    return acc, agree.mean((0, 1))
+    return ((guesses == corpus_labels(tokens, t, k)).mean((0, 1)),
+            (guesses == target_labels(logits, t, k)).mean((0, 1)))
