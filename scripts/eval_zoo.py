@@ -3,7 +3,8 @@
     python scripts/eval_zoo.py [name ...]        # default: every zoo model
 
 Validation perplexity over fixed windows of the pycode-v1 validation split, forward-pass wall
-time and FLOPs on CPU (and, for models other than tiny-code, their ratio to tiny-code's).
+time and FLOPs on CPU (and, for models other than tiny-code, their ratio to tiny-code's); for an MoE
+model its expert-load MaxVio; for a draft model its speculative-decoding α with its target.
 """
 from __future__ import annotations
 
@@ -22,19 +23,28 @@ DESCRIPTIONS = {
     "tiny-code": "The target model of jaxserve's demos: a small Llama-style model of Python source, "
                  "trained from scratch on the CPython standard library (pycode-v1 corpus).",
     "tiny-code-draft": "The draft model for speculative decoding with tiny-code: same tokenizer and data, "
-                       "a forward pass costing at most 1/8 of tiny-code's.",
+                       "a forward pass costing at most 1/8 of tiny-code's, distilled from tiny-code.",
+    "tiny-code-moe": "A small mixture-of-experts model (8 routed experts, top-2, one shared expert) for the MoE "
+                     "and expert-parallel demos, trained with auxiliary-loss-free load balancing on the same "
+                     "corpus and tokenizer.",
 }
+DRAFTS = {"tiny-code-draft": "tiny-code"}  # draft -> target: the card reports their speculative-decoding α
 REFERENCE = "tiny-code"
 
 
 def measure(name: str) -> dict:
-    config, params = load_model(zoo_path(name))
+    config, params, router_state = zoo.load_zoo_model(name)
     tok = load_tokenizer(zoo_path(name))
     ev = {"platform": jax.devices()[0].platform, "train_tokens": int(len(encode_split(tok, None, "train"))),
           "val": zoo.measure_perplexity(name, zoo.EVAL_WINDOWS),
           "slice": zoo.measure_perplexity(name, zoo.SLICE_WINDOWS),
           "gflops": zoo.forward_flops(config, params, 8, 256) / 1e9,
-          "sample": zoo.greedy_sample(config, params, tok, "def fibonacci(n):")}
+          "sample": zoo.greedy_sample(config, params, tok, "def fibonacci(n):", router_state=router_state)}
+    if router_state is not None:
+        ev["balance"] = zoo.measure_balance(name, zoo.EVAL_WINDOWS)
+        ev["val_zero_bias"] = zoo.measure_perplexity(name, zoo.EVAL_WINDOWS, use_router_state=False)
+    if name in DRAFTS and DRAFTS[name] in available_models():
+        ev["alpha"] = zoo.acceptance_alpha(DRAFTS[name], name)
     models = {name: (config, params)}
     if name != REFERENCE and REFERENCE in available_models():
         models[REFERENCE] = load_model(zoo_path(REFERENCE))

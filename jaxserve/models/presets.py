@@ -17,6 +17,12 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-code": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=704,
                              num_layers=6, num_heads=8, num_kv_heads=4, head_dim=32,
                              max_position_embeddings=512, eos_token_id=0),
+    # 8 routed experts (top-2, DeepSeek-V3-style sigmoid router for loss-free balancing) + 1 shared expert.
+    "tiny-code-moe": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=128, intermediate_size=256,
+                                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                                 max_position_embeddings=512, eos_token_id=0, num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=128, num_shared_experts=1,
+                                 router="deepseek_v3"),
     # Hidden 64: with a 4096-token head, a 128-wide draft costs ~1/6 of tiny-code on CPU, not <= 1/8.
     "tiny-code-draft": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64, intermediate_size=192,
                                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,

@@ -23,7 +23,8 @@ from jaxserve.moe.balancing import (accumulate_loads, aux_loss, layer_loads, max
 BALANCING = ("none", "aux", "loss_free")
 
 
-def _nll_and_stats(params, router_state, config: ModelConfig, windows):
+def nll_and_stats(params, router_state, config: ModelConfig, windows):
+    """Next-token NLL f32[B, L] of windows i32[B, L+1] and the forward's ``"moe_stats"`` collection."""
     from jaxserve.models.transformer import Transformer  # here: models imports moe lazily too
     tokens, targets = windows[:, :-1], windows[:, 1:]
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
@@ -41,7 +42,7 @@ def make_moe_train_step(config: ModelConfig, optimizer: optax.GradientTransforma
         raise ValueError(f"balancing must be one of {BALANCING}, got {balancing!r}")
 
     def loss_fn(params, router_state, windows):
-        nll, stats = _nll_and_stats(params, router_state, config, windows)
+        nll, stats = nll_and_stats(params, router_state, config, windows)
         extra = aux_loss(stats, "switch", alpha) if balancing == "aux" else 0.0
         return jnp.mean(nll) + extra, (jnp.mean(nll), layer_loads(stats))
 
@@ -61,7 +62,7 @@ def make_moe_train_step(config: ModelConfig, optimizer: optax.GradientTransforma
 def evaluate_balance(params, router_state, config: ModelConfig, windows: np.ndarray, batch_size: int = 16) -> dict:
     """Held-out NLL, perplexity and MaxVio_global (loads accumulated over all windows, mean over layers)."""
     fn = jax.jit(lambda w: (lambda nll, st: (jnp.sum(nll), layer_loads(st)))(
-        *_nll_and_stats(params, router_state, config, w)))
+        *nll_and_stats(params, router_state, config, w)))
     total, n, loads = 0.0, 0, None
     for i in range(0, len(windows) - batch_size + 1, batch_size):
         s, batch_loads = fn(jnp.asarray(windows[i:i + batch_size]))

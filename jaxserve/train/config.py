@@ -37,6 +37,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     out_dir: str = "runs/train"
+    balancing: str = "loss_free"  # MoE models only: "loss_free" (selection-bias updates) or "none"
+    bias_rate: float = 1e-3  # loss-free balancing: bias += bias_rate * sign(mean load - load) per step
+    init_from: str = ""  # jaxserve checkpoint whose params start a fresh run (same architecture); "": random init
+    distill_from: str = ""  # teacher checkpoint (same vocabulary): train on its soft next-token distribution
+    distill_weight: float = 1.0  # loss = w * KL(teacher || model) + (1 - w) * cross-entropy on the data
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints",
@@ -45,6 +50,9 @@ class TrainConfig:
         _require(self.batch_size % self.grad_accum == 0,
                  f"TrainConfig.batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}")
         _require(self.lr > 0 and 0 <= self.min_lr_ratio <= 1, f"bad learning rate {self.lr} / {self.min_lr_ratio}")
+        _require(self.balancing in ("loss_free", "none"),
+                 f"TrainConfig.balancing must be 'loss_free' or 'none', got {self.balancing!r}")
+        _require(0 <= self.distill_weight <= 1, f"TrainConfig.distill_weight must be in [0, 1], got {self.distill_weight}")
         _require(self.warmup_steps >= 0, f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 

@@ -1,8 +1,9 @@
 """The training loop: data, mesh, optimizer, checkpoints, metrics, and the final model export.
 
 ``train(run_config)`` trains (resuming from ``out_dir/checkpoints`` when present) and writes
-``out_dir/final`` as a jaxserve checkpoint with ``tokenizer.json`` beside it, ``metrics.jsonl``
-and ``training_curve.png``.
+``out_dir/final`` as a jaxserve checkpoint with ``tokenizer.json`` beside it (and, for an MoE
+model, ``router_state.json``: its loss-free balancing biases), ``metrics.jsonl`` and
+``training_curve.png``.
 """
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from jaxserve.checkpoint import save_model
-from jaxserve.models import init_params
+from jaxserve.checkpoint import load_config, load_model, save_model
+from jaxserve.models import init_params, param_shapes
+from jaxserve.moe.balancing import init_router_state
+from jaxserve.moe.router_state_file import save_router_state
+from jaxserve.moe.training import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from jaxserve.train import state as ckpt
 from jaxserve.train.config import TrainRunConfig
@@ -56,7 +60,7 @@ def prepare_tokenizer(rc: TrainRunConfig, out_dir: pathlib.Path) -> Tokenizer:
 def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool = True) -> dict:
     """Trains to ``rc.train.steps`` (or stops after step ``stop_after``, as an interruption would).
 
-    Returns ``{"step", "params", "final_eval", "out_dir"}``. Raises FileNotFoundError for a missing
+    Returns ``{"step", "params", "router_state", "final_eval", "out_dir"}``. Raises FileNotFoundError for a missing
     corpus or tokenizer and ValueError for inconsistent settings, before any state is written.
     """
     tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
@@ -72,55 +76,83 @@ def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool =
     val_w = val_w[:tc.eval_windows] if tc.eval_windows else val_w
 
     mngr = ckpt.manager(out_dir, tc.keep_checkpoints)
-    start, params, opt_state = _init_or_restore(rc, mesh, mngr)
+    start, params, opt_state, router_state = _init_or_restore(rc, mesh, mngr)
     end = min(tc.steps, stop_after if stop_after is not None else tc.steps)
-    params = _run_steps(rc, mesh, mngr, params, opt_state, train_w, val_w, start, end, progress)
+    params, router_state = _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, start, end,
+                                      progress)
     mngr.close()
-    result = {"step": max(start, end), "params": params, "out_dir": out_dir, "final_eval": None}
+    result = {"step": max(start, end), "params": params, "router_state": router_state, "out_dir": out_dir,
+              "final_eval": None}
     if result["step"] >= tc.steps:
-        result["final_eval"] = _export(out_dir, rc.model, params)
+        result["final_eval"] = _export(out_dir, rc.model, params, router_state)
     return result
 
 
 def _init_or_restore(rc: TrainRunConfig, mesh: Mesh, mngr):
-    """``(step, params, opt_state)``: fresh from the seed, or from the newest checkpoint."""
+    """``(step, params, opt_state, router_state)``: fresh (from the seed, or ``init_from``'s params), or the
+    newest checkpoint. ``router_state`` is ``{}`` for a dense model, zero biases for a fresh MoE one."""
     tc = rc.train
-    params = jax.device_put(init_params(rc.model, jax.random.key(tc.seed)), NamedSharding(mesh, P()))
+    init = load_model(tc.init_from)[1] if tc.init_from else init_params(rc.model, jax.random.key(tc.seed))
+    init = jax.tree.map(lambda p: p.astype(jax.numpy.float32), init)  # zoo checkpoints are stored in bf16
+    params = jax.device_put(init, NamedSharding(mesh, P()))
     opt_state = make_optimizer(tc)[0].init(params)
-    restored = ckpt.restore_latest(mngr, params, opt_state)
+    router_state = init_router_state(rc.model) if rc.model.num_experts else {}
+    restored = ckpt.restore_latest(mngr, params, opt_state, router_state)
     if restored is None:
-        return 0, params, opt_state
-    step, params, opt_state, position = restored
+        return 0, params, opt_state, router_state
+    step, params, opt_state, position, router_state = restored
     if position != step * tc.batch_size:
         raise ValueError(f"checkpoint at step {step} consumed {position} sequences, expected "
                          f"{step * tc.batch_size}: was batch_size changed between runs?")
-    return step, params, opt_state
+    return step, params, opt_state, router_state
 
 
-def _run_steps(rc, mesh, mngr, params, opt_state, train_w, val_w, start: int, end: int, progress: bool):
+def _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, start: int, end: int,
+               progress: bool):
     """Steps ``start .. end-1``: train, log every log_every, evaluate every eval_every, checkpoint."""
     tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
     log, order = MetricsLog(out_dir, start), BatchOrder(len(train_w), tc.batch_size, tc.seed)
-    step_fn, schedule = make_train_step(rc.model, optimizer_fields(tc)), make_optimizer(tc)[1]
+    teacher_config, teacher_params = _load_teacher(tc.distill_from, mesh)
+    step_fn = make_train_step(rc.model, optimizer_fields(tc), teacher_config)
+    schedule = make_optimizer(tc)[1]
     batch_sharding = NamedSharding(mesh, P(None, "data"))  # i32[A, B, L]: sequences split over devices
     t0, elapsed = time.perf_counter(), lambda: log.elapsed_offset + time.perf_counter() - t0
     bar = tqdm(range(start, end), initial=start, total=tc.steps, disable=not progress, file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=out_dir.name)
     for step in bar:
         batch = train_w[order.indices(step)].reshape(tc.grad_accum, -1, rc.data.seq_len + 1)
-        params, opt_state, m = step_fn(params, opt_state, jax.device_put(batch, batch_sharding))
+        params, router_state, opt_state, m = step_fn(params, router_state, opt_state,
+                                                     jax.device_put(batch, batch_sharding), teacher_params)
         done = step + 1
         if done % tc.log_every == 0 or done == end:
             bar.set_postfix(loss=f"{float(m['loss']):.3f}")
             log.write({"step": done, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
                        "lr": float(schedule(step)), "tokens": done * tc.batch_size * rc.data.seq_len,
-                       "elapsed_s": elapsed()})
+                       "elapsed_s": elapsed(), **{k: float(m[k]) for k in ("kl", "max_vio") if k in m}})
         if done % tc.eval_every == 0 or done == tc.steps:
-            log.write({"step": done, **evaluate(params, rc.model, val_w), "elapsed_s": elapsed()})
+            log.write({"step": done, **_validate(params, router_state, rc.model, val_w), "elapsed_s": elapsed()})
         if done % tc.checkpoint_every == 0 or done == end:
-            ckpt.save_state(mngr, done, params, opt_state, done * tc.batch_size)
+            ckpt.save_state(mngr, done, params, opt_state, done * tc.batch_size, router_state)
     bar.close()
-    return params
+    return params, router_state
+
+
+def _load_teacher(path: str, mesh: Mesh):
+    """``(config, float32 params replicated over the mesh)`` of the distillation teacher, or (None, None)."""
+    if not path:
+        return None, None
+    config, params = load_model(path)
+    params = jax.tree.map(lambda p: p.astype(jax.numpy.float32), params)
+    return dataclasses.replace(config, dtype="float32"), jax.device_put(params, NamedSharding(mesh, P()))
+
+
+def _validate(params, router_state, config, val_w) -> dict:
+    """Validation loss/perplexity; for an MoE model also MaxVio_global (loads summed over val_w)."""
+    out = evaluate(params, config, val_w, router_state=router_state)
+    if router_state:
+        batch = min(8, len(val_w))
+        out["max_vio_global"] = evaluate_balance(params, router_state, config, val_w, batch)["max_vio_global"]
+    return out
 
 
 def _check_inputs(rc: TrainRunConfig) -> None:
@@ -128,14 +160,28 @@ def _check_inputs(rc: TrainRunConfig) -> None:
         raise FileNotFoundError(f"corpus file {rc.data.corpus} does not exist")
     if rc.data.tokenizer and not pathlib.Path(rc.data.tokenizer).exists():
         raise FileNotFoundError(f"tokenizer {rc.data.tokenizer} does not exist")
+    if rc.train.distill_from:
+        teacher = load_config(rc.train.distill_from)  # raises CheckpointError if it is not a checkpoint
+        if teacher.vocab_size != rc.model.vocab_size:
+            raise ValueError(f"train.distill_from={rc.train.distill_from} has vocab_size {teacher.vocab_size}, "
+                             f"the model {rc.model.vocab_size}")
+        if rc.model.num_experts:
+            raise ValueError("train.distill_from is not supported for MoE models")
+    if rc.train.init_from:
+        init_config = load_config(rc.train.init_from)  # raises CheckpointError if it is not a checkpoint
+        if param_shapes(init_config) != param_shapes(rc.model):
+            raise ValueError(f"train.init_from={rc.train.init_from} has a different architecture than the model "
+                             f"being trained")
 
 
-def _export(out_dir: pathlib.Path, mc, params) -> dict:
-    """Writes ``out_dir/final`` (jaxserve checkpoint + tokenizer.json) and the training-curve PNG."""
+def _export(out_dir: pathlib.Path, mc, params, router_state: dict) -> dict:
+    """Writes ``out_dir/final`` (jaxserve checkpoint + tokenizer.json [+ router_state.json]) and the curve PNG."""
     final = out_dir / "final"
     if final.exists():
         shutil.rmtree(final)
     save_model(final, mc, jax.device_get(params))
+    if router_state:
+        save_router_state(final, router_state)
     shutil.copy(out_dir / TOKENIZER_FILE, final / TOKENIZER_FILE)
     plot_curve(out_dir / "metrics.jsonl", out_dir / "training_curve.png", title=out_dir.name)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]

@@ -20,6 +20,8 @@ import numpy as np
 
 from jaxserve.checkpoint import load_config, load_model, save_model
 from jaxserve.models import forward_full
+from jaxserve.moe.router_state_file import ROUTER_STATE_FILE, load_router_state
+from jaxserve.moe.training import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
 from jaxserve.train.data import encode_split, windows
 from jaxserve.train.step import evaluate
@@ -42,6 +44,8 @@ def export_run(run_dir: str | pathlib.Path, name: str, storage_dtype: str = "bfl
     save_model(dest, config, jax.tree.map(lambda p: np.asarray(p.astype(jnp.dtype(storage_dtype))), params))
     for f in (TOKENIZER_FILE, "metrics.jsonl", "training_curve.png"):
         shutil.copy(run_dir / (f"final/{f}" if f == TOKENIZER_FILE else f), dest / f)
+    if (run_dir / "final" / ROUTER_STATE_FILE).exists():
+        shutil.copy(run_dir / "final" / ROUTER_STATE_FILE, dest / ROUTER_STATE_FILE)
     info = {"run_config": json.loads((run_dir / "run_config.json").read_text()), "storage_dtype": storage_dtype,
             "num_params": int(sum(np.size(p) for p in jax.tree.leaves(params))), "note": note}
     (dest / "train_info.json").write_text(json.dumps(info, indent=2))
@@ -52,12 +56,53 @@ def validation_windows(tokenizer, seq_len: int = EVAL_SEQ_LEN, corpus: str | Non
     return windows(encode_split(tokenizer, corpus, "val"), seq_len)
 
 
-def measure_perplexity(name: str, num_windows: int | None = SLICE_WINDOWS) -> dict:
-    """Validation loss/perplexity of zoo model ``name`` over the first ``num_windows`` windows (None: all)."""
+def load_zoo_model(name: str) -> tuple:
+    """``(config, params, router_state)`` of zoo model ``name``; router_state is None for a dense model."""
     path = zoo_path(name)
     config, params = load_model(path)
-    val = validation_windows(load_tokenizer(path))
-    return evaluate(params, config, val[:num_windows] if num_windows else val)
+    return config, params, load_router_state(path)
+
+
+def measure_perplexity(name: str, num_windows: int | None = SLICE_WINDOWS, use_router_state: bool = True) -> dict:
+    """Validation loss/perplexity of zoo model ``name`` over the first ``num_windows`` windows (None: all).
+
+    An MoE model is run with its loss-free balancing biases unless ``use_router_state`` is False."""
+    config, params, router_state = load_zoo_model(name)
+    val = validation_windows(load_tokenizer(zoo_path(name)))
+    return evaluate(params, config, val[:num_windows] if num_windows else val,
+                    router_state=router_state if use_router_state else None)
+
+
+def measure_balance(name: str, num_windows: int = EVAL_WINDOWS) -> dict:
+    """MoE zoo model: MaxVio_global (expert loads summed over the first ``num_windows`` validation windows,
+    mean over MoE layers) with its biases, and without them (as an engine that ignores them routes)."""
+    config, params, router_state = load_zoo_model(name)
+    val = validation_windows(load_tokenizer(zoo_path(name)))[:num_windows]
+    zero = jax.tree.map(np.zeros_like, router_state)
+    return {"max_vio_global": evaluate_balance(params, router_state, config, val, batch_size=8)["max_vio_global"],
+            "max_vio_global_zero_bias": evaluate_balance(params, zero, config, val, batch_size=8)["max_vio_global"]}
+
+
+def acceptance_alpha(target: str, draft: str, num_prompts: int = 4, prompt_len: int = 32, gamma: int = 3,
+                     max_tokens: int = 48) -> dict:
+    """Greedy speculative decoding of ``draft`` for ``target`` (batch 1, ``gamma`` drafts per round) on
+    ``num_prompts`` prompts cut at evenly spaced offsets of the validation stream; ``summarize``'s
+    figures (α = ``token_acceptance_prob``) over all prompts' rounds together."""
+    from jaxserve.spec import speculative_generate  # here: the spec package is only needed for this figure
+    from jaxserve.spec.metrics import summarize
+    tcfg, tparams, _ = load_zoo_model(target)
+    dcfg, dparams, _ = load_zoo_model(draft)
+    stream = encode_split(load_tokenizer(zoo_path(target)), None, "val")
+    starts = np.linspace(0, len(stream) - prompt_len - 1, num_prompts).astype(int)
+    totals = None
+    for s in starts:
+        _, _, m = speculative_generate(tparams, tcfg, dparams, dcfg, stream[None, s:s + prompt_len],
+                                       np.array([prompt_len]), gamma=gamma, max_tokens=max_tokens)
+        totals = m if totals is None else jax.tree.map(lambda a, b: np.asarray(a) + np.asarray(b), totals, m)
+    out = summarize(totals)
+    return {k: out[k] for k in ("token_acceptance_prob", "acceptance_rate", "mean_acceptance_length",
+                                "rounds", "accepted", "generated")} | {"gamma": gamma, "prompts": num_prompts,
+                                                                       "prompt_len": prompt_len}
 
 
 def forward_seconds(configs_params: dict, batch: int, length: int, reps: int = 7) -> dict:
@@ -87,12 +132,13 @@ def forward_flops(config, params, batch: int, length: int) -> float:
     return float(cost["flops"])
 
 
-def greedy_sample(config, params, tokenizer, prompt: str, max_tokens: int = 48, width: int = 128) -> str:
+def greedy_sample(config, params, tokenizer, prompt: str, max_tokens: int = 48, width: int = 128,
+                  router_state: dict | None = None) -> str:
     """Greedy continuation of ``prompt`` with the cache-free ``forward_full`` (for the model card)."""
     ids = tokenizer.encode(prompt)
     buf = np.zeros((1, width), np.int32)  # causal: padding after the last real token changes nothing
     buf[0, :len(ids)] = ids
-    fn = jax.jit(lambda p, t: forward_full(p, config, t))
+    fn = jax.jit(lambda p, t: forward_full(p, config, t, router_state=router_state))
     n = len(ids)
     for _ in range(min(max_tokens, width - n)):
         nxt = int(jnp.argmax(fn(params, buf)[0, n - 1]))
@@ -100,6 +146,12 @@ def greedy_sample(config, params, tokenizer, prompt: str, max_tokens: int = 48, 
             break
         buf[0, n], n = nxt, n + 1
     return tokenizer.decode(buf[0, :n].tolist())
+
+
+def _moe_sentence(config) -> str:
+    return (f" with mixture-of-experts MLPs: {config.num_experts} routed SwiGLU experts of width "
+            f"{config.moe_intermediate_size}, top-{config.num_experts_per_tok} by a {config.router} router, plus "
+            f"{config.num_shared_experts} shared expert(s) every token goes through")
 
 
 def config_table(config) -> str:
@@ -142,12 +194,26 @@ def render_card(name: str, description: str, ev: dict) -> str:
         lines += [f"| `forward_time_ratio_vs_tiny-code` (wall time, i32[8, 256]) "
                   f"| {ev['ratio'][0]:.3f} |", f"| `forward_time_ratio_b4_l64` | {ev['ratio'][1]:.3f} |",
                   f"| `forward_flops_ratio_vs_tiny-code` | {ev['flops_ratio']:.3f} |"]
+    if "balance" in ev:
+        b = ev["balance"]
+        lines += [f"| `max_vio_global` (expert load over the first {EVAL_WINDOWS} windows, with the trained "
+                  f"selection biases; mean over MoE layers) | {b['max_vio_global']:.4f} |",
+                  f"| `max_vio_global_zero_bias` (same, biases zeroed) | {b['max_vio_global_zero_bias']:.4f} |",
+                  f"| `val_ppl_zero_bias` (first {EVAL_WINDOWS} windows, biases zeroed) "
+                  f"| {ev['val_zero_bias']['val_ppl']:.3f} |"]
+    if "alpha" in ev:
+        a = ev["alpha"]
+        lines += [f"| `spec_alpha_vs_tiny-code` (α, greedy speculative decoding, batch 1, γ={a['gamma']}, "
+                  f"{a['prompts']} validation prompts of {a['prompt_len']} tokens, {a['generated']} tokens "
+                  f"generated) | {a['token_acceptance_prob']:.4f} |",
+                  f"| `spec_mean_acceptance_length` (tokens per target call) | {a['mean_acceptance_length']:.3f} |"]
     lines += [
         "", "Wall times were taken on a shared 2-core machine with other jobs running; the FLOP ratio does "
         "not depend on load.", "",
         "## Model", "",
-        f"Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention), "
-        f"{info['num_params']:,} parameters, trained in float32; the params are stored rounded to "
+        f"Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention)"
+        + (_moe_sentence(load_config(path)) if load_config(path).num_experts else "")
+        + f", {info['num_params']:,} parameters, trained in float32; the params are stored rounded to "
         f"{info['storage_dtype']} and load as float32 (all figures above are for the stored weights). "
         "Tokenizer: byte-level BPE, 4096 tokens, trained on the pycode-v1 training split; id 0 is "
         "`<|endoftext|>` (EOS and document separator).", "", config_table(load_config(path)),
@@ -161,17 +227,29 @@ def render_card(name: str, description: str, ev: dict) -> str:
             lr=tr["lr"], gc=tr["grad_clip"], bs=tr["batch_size"], sl=rc["data"]["seq_len"], steps=tr["steps"],
             tok=last["tokens"], ep=last["tokens"] / ev["train_tokens"], ntrain=ev["train_tokens"], seed=tr["seed"]),
         f"Final training loss {last['loss']:.3f}; wall-clock {last['elapsed_s'] / 60:.0f} min on a shared 2-core "
-        "CPU (niced, alongside other jobs).", "",
+        "CPU (alongside other jobs).", "",
     ]
+    if tr.get("init_from"):
+        lines += [f"Initialised from the weights of `{tr['init_from']}` (not from random); the step and token "
+                  "counts above are this run's only.", ""]
+    if tr.get("distill_from"):
+        lines += [f"Distilled from `{tr['distill_from']}`: loss = {tr['distill_weight']} x KL(teacher || draft) "
+                  f"+ {1 - tr['distill_weight']:.2g} x cross-entropy on the data, teacher logits computed on the "
+                  "fly for each batch.", ""]
+    if rc["model"].get("num_experts"):
+        lines += [f"Expert balancing: {tr.get('balancing', 'loss_free')} (selection bias += "
+                  f"{tr.get('bias_rate')} x sign(mean load - load) after every step, no auxiliary loss); the "
+                  "biases are stored in `router_state.json`.", ""]
     if info.get("note"):
         lines += [info["note"], ""]
     if "sample" in ev:
         lines += ["Greedy continuation of `def fibonacci(n):` (48 tokens):", "", "```python", ev["sample"], "```", ""]
     lines += ["![training curve](training_curve.png)", "",
               "## Limitations", "",
-              "A research fixture, not a useful code model: trained for under an hour on a shared CPU, on well "
-              "under one epoch of a 2.4M-token corpus, it has picked up Python's indentation, keywords and "
-              "common identifiers, not semantics, and greedy decoding soon repeats itself. Context is "
+              "A research fixture, not a useful code model: trained for about an hour on a shared CPU, on "
+              f"{last['tokens'] / ev['train_tokens']:.2f} epochs of a 2.4M-token corpus, it has picked up Python's "
+              "indentation, keywords and common identifiers, not semantics, and greedy decoding soon repeats "
+              "itself. Context is "
               f"{rc['data']['seq_len']} tokens in training (`max_position_embeddings` "
               f"{rc['model']['max_position_embeddings']}); quality degrades beyond it.", ""]
     return "\n".join(lines)
