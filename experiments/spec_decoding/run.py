@@ -6,6 +6,15 @@ Three proposers (a draft model, n-gram prompt lookup, Medusa heads) on two paths
 while-loop generators (``jaxserve.spec.generate``: the whole batch in one program) and the engine
 (``LLM.generate`` with ``SpeculativeConfig``: one round per continuous-batching step). Each point
 is timed against target-only decoding of the same prompts in the same run.
+
+Full run (the Medusa heads belong to one target: retrain them whenever the zoo target changes)::
+
+    python -m experiments.medusa_heads      # <= 10 min (wall-clock guard); writes runs/medusa_heads/tiny-code
+    python -m experiments.spec_decoding     # the whole grid into results/spec_decoding/
+
+Budget: ~90 programs to compile (each (method, γ, batch) once; temperature is an array) at ~9 CPU-s
+each, measured on a reduced grid (γ 2 and 4, batch 1, T 0 and 1, engine γ 3: 128 CPU-s), plus
+decoding: an estimated ~20 min on an idle 2-core machine. Not measured on the full grid.
 """
 import os
 
