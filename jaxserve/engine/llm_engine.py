@@ -44,6 +44,9 @@ class LLMEngine:
         ec = engine_config
         if speculative is not None and ec.quantization is not None:
             raise ValueError(f"quantization={ec.quantization!r} cannot be combined with speculative decoding yet")
+        if speculative is not None and ec.max_num_batched_tokens < 1 + speculative.gamma:
+            raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
+                             f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         self.max_model_len = min(ec.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // kv_pool_bytes_per_block(

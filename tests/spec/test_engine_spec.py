@@ -187,6 +187,9 @@ def test_bad_speculative_settings_raise_before_anything_is_built(models):
                         draft=(CONFIG, models["near"], _tokenizer(words[::-1])), **ENGINE)
     with pytest.raises(ValueError, match="needs draft_model"):
         LLM.from_params(CONFIG, models["target"], speculative=spec, **ENGINE)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=3 leaves no room for a speculative round of 1 \\+ 3"):
+        LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]),
+                        **{**ENGINE, "max_num_batched_tokens": 3})
     heads = MedusaConfig(CONFIG.hidden_size, CONFIG.vocab_size, num_heads=2)
     with pytest.raises(ValueError, match="num_speculative_tokens 3 exceeds the 2 medusa heads"):
         LLM.from_params(CONFIG, models["target"], draft=(heads, None), **ENGINE,
