@@ -33,7 +33,7 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.engine.runner import ModelRunner, SampleRow, _pack, _sampling_arrays
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.attention import AttentionMetadata, resolve_impl
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.config import SpeculativeConfig
@@ -60,7 +60,10 @@ class SpecRunner:
         self.gamma = spec.gamma
         bs = runner.block_size
         max_pages = -(-(max_model_len + self.gamma) // bs)  # lookahead reaches γ slots past the last token
-        self.page_buckets = powers_of_two(min(max(1, 128 // bs), max_pages), max_pages)
+        if resolve_impl(runner.attention_impl) == "xla":  # its cost follows live pages: one table width (runner.py)
+            self.page_buckets = [max_pages]
+        else:
+            self.page_buckets = powers_of_two(min(max(1, 128 // bs), max_pages), max_pages)
         self.seq_buckets = powers_of_two(min(4, runner.max_num_seqs), runner.max_num_seqs)
         self.draft_pool: KVPool = []
         if proposer.method == "draft_model":
