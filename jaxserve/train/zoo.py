@@ -239,7 +239,9 @@ def render_card(name: str, description: str, ev: dict) -> str:
     if rc["model"].get("num_experts"):
         lines += [f"Expert balancing: {tr.get('balancing', 'loss_free')} (selection bias += "
                   f"{tr.get('bias_rate')} x sign(mean load - load) after every step, no auxiliary loss); the "
-                  "biases are stored in `router_state.json`.", ""]
+                  "biases are stored in `router_state.json`. The figures above use them; the serving engine "
+                  "(`LLM(model=...)`) does not pass them to the model yet and routes with zero biases: the "
+                  "`_zero_bias` rows measure that.", ""]
     if info.get("note"):
         lines += [info["note"], ""]
     if "sample" in ev:

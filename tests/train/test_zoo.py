@@ -1,12 +1,14 @@
 import pytest
 
+from jaxserve import LLM, SamplingParams
 from jaxserve.checkpoint import load_model
+from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.models import get_preset
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train.zoo import card_figure, measure_perplexity
 from jaxserve.zoo import available_models, zoo_path
 
-ZOO = ["tiny-code", "tiny-code-draft"]
+ZOO = ["tiny-code", "tiny-code-draft", "tiny-code-moe"]
 
 
 def test_unknown_zoo_name_lists_available():
@@ -32,3 +34,15 @@ def test_zoo_slice_perplexity_matches_model_card(name):
     measured = measure_perplexity(name)["val_ppl"]
     assert abs(measured - stated) <= 0.02 * stated, (measured, stated)
     assert measured < 0.2 * get_preset(name).vocab_size  # far better than uniform over the vocabulary
+
+
+def test_moe_zoo_model_carries_its_balancing_biases_and_generates_through_llm():
+    config = load_model(zoo_path("tiny-code-moe"))[0]
+    assert config.num_experts == 8 and config.num_experts_per_tok == 2 and config.num_shared_experts == 1
+    biases = load_router_state(zoo_path("tiny-code-moe"))
+    assert sorted(biases) == [f"layers_{i}" for i in range(config.num_layers)]
+    assert all(layer["mlp"]["bias"].shape == (8,) and layer["mlp"]["bias"].any() for layer in biases.values())
+    llm = LLM(model="jaxserve/tiny-code-moe", block_size=8, max_num_seqs=2, max_num_batched_tokens=32,
+              num_kv_blocks=16)
+    out = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
