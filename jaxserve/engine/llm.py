@@ -10,7 +10,8 @@ from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.spec_runner import Proposer
 from jaxserve.engine.outputs import RequestOutput
-from jaxserve.models.loading import resolve_model
+from jaxserve.models.loading import model_path, resolve_model
+from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
 from jaxserve.spec.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
@@ -34,17 +35,21 @@ class LLM:
         engine_config = _engine_config(engine_overrides)
         _check_speculative(speculative)
         config, params, tokenizer = resolve_model(model, dtype)
+        # an MoE trained with loss-free balancing routes with its learned biases (state beside the weights)
+        router_state = load_router_state(model_path(model)) if config.num_experts else None
         proposer = _load_proposer(speculative, config, tokenizer, dtype)
-        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer)
+        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer, router_state)
 
     @classmethod
     def from_params(cls, config: ModelConfig, params: dict, tokenizer=None, *,
-                    speculative: SpeculativeConfig | None = None, draft=None, **engine_overrides) -> "LLM":
+                    speculative: SpeculativeConfig | None = None, draft=None, router_state: dict | None = None,
+                    **engine_overrides) -> "LLM":
         """An LLM over in-memory params (random models in tests and notebooks).
 
         With ``speculative``, ``draft`` gives the proposer's weights in memory: ``(ModelConfig, params)``
         (or with a third item, the draft's tokenizer) for ``draft_model``, ``(MedusaConfig, params)``
         for ``medusa``; None for ``ngram`` or to load from the paths in ``speculative``.
+        ``router_state``: an MoE's loss-free balancing biases (``jaxserve.moe.init_router_state`` layout).
         """
         engine_config = _engine_config(engine_overrides)
         _check_speculative(speculative)
@@ -53,7 +58,7 @@ class LLM:
         else:
             proposer = _load_proposer(speculative, config, tokenizer, None)
         self = cls.__new__(cls)
-        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer)
+        self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer, router_state)
         return self
 
     @property

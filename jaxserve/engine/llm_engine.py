@@ -40,7 +40,7 @@ class StepToken:
 class LLMEngine:
     def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
                  engine_config: EngineConfig = EngineConfig(), speculative: SpeculativeConfig | None = None,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, router_state: dict | None = None):
         ec = engine_config
         if speculative is not None and ec.quantization is not None:
             raise ValueError(f"quantization={ec.quantization!r} cannot be combined with speculative decoding yet")
@@ -72,7 +72,8 @@ class LLMEngine:
             quant = MatmulSettings(impl="auto")
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
-                                  max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant)
+                                  max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
+                                  router_state=router_state)
         self.spec_runner = None if speculative is None else SpecRunner(self.runner, speculative, proposer,
                                                                        self.max_model_len)
         self._rng = np.random.default_rng(ec.seed)

@@ -45,8 +45,10 @@ class SampleRow:
 class ModelRunner:
     def __init__(self, config: ModelConfig, params: dict, *, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 attention_impl: str = "auto", quant=None):
+                 attention_impl: str = "auto", quant=None, router_state: dict | None = None):
         self.config, self.params = config, params
+        # an MoE's loss-free balancing biases: routing state the model reads, never trained here
+        self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         # Minimum buckets trade a little padded work for far fewer programs to compile.
@@ -111,7 +113,8 @@ class ModelRunner:
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
         results, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
-            sample_entry, sbatch, config=self.config, attention_impl=self.attention_impl, quant=self.quant)
+            sample_entry, sbatch, self.router_state, config=self.config, attention_impl=self.attention_impl,
+            quant=self.quant)
         return tuple(r[: len(rows)] for r in jax.device_get(results))
 
     def warmup(self) -> int:
@@ -133,13 +136,14 @@ NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search use
 
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
-def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, *, config,
-          attention_impl, quant=None):
+def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, router_state=None, *,
+          config, attention_impl, quant=None):
     _TRACES[0] += 1
     # quant is static: a quantized tree looks the same under every matmul setting
     with matmul_context(quant):
         logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
-                                  attention_impl=attention_impl, logits_indices=logits_indices)
+                                  attention_impl=attention_impl, logits_indices=logits_indices,
+                                  router_state=router_state)
     logits = logits[sample_entry]
     toks, logprobs = sample(logits, sbatch)
     top_logprobs, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), min(NUM_TOP_LOGPROBS, logits.shape[-1]))

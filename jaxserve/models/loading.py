@@ -10,16 +10,22 @@ from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
 ZOO_PREFIX = "jaxserve/"
 
 
+def model_path(model: str) -> pathlib.Path:
+    """The local directory behind ``model`` (a zoo name resolves to the package data)."""
+    path = pathlib.Path(model)
+    if model.startswith(ZOO_PREFIX) and not path.exists():
+        from jaxserve.zoo import zoo_path  # the zoo is package data
+        path = zoo_path(model[len(ZOO_PREFIX):])
+    return path
+
+
 def resolve_model(model: str, dtype: str | None = None):
     """Returns ``(config, params, tokenizer or None)``; only local files are ever read.
 
     ``model`` is ``"jaxserve/<zoo name>"``, a jaxserve checkpoint directory, or a local Hugging
     Face directory (config.json + *.safetensors).
     """
-    path = pathlib.Path(model)
-    if model.startswith(ZOO_PREFIX) and not path.exists():
-        from jaxserve.zoo import zoo_path  # the zoo is package data
-        path = zoo_path(model[len(ZOO_PREFIX):])
+    path = model_path(model)
     if is_checkpoint(path):
         config, params = load_model(path)
         if dtype is not None and dtype != config.dtype:

@@ -1,9 +1,12 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.checkpoint import load_model
 from jaxserve.moe.router_state_file import load_router_state
-from jaxserve.models import get_preset
+from jaxserve.models import forward_full, get_preset
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train.zoo import card_figure, measure_perplexity
 from jaxserve.zoo import available_models, zoo_path
@@ -44,5 +47,18 @@ def test_moe_zoo_model_carries_its_balancing_biases_and_generates_through_llm():
     assert all(layer["mlp"]["bias"].shape == (8,) and layer["mlp"]["bias"].any() for layer in biases.values())
     llm = LLM(model="jaxserve/tiny-code-moe", block_size=8, max_num_seqs=2, max_num_batched_tokens=32,
               num_kv_blocks=16)
-    out = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    assert len(out[0].outputs[0].token_ids) == 4
+    out = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True,
+                                                          logprobs=True))[0]
+    assert len(out.outputs[0].token_ids) == 4
+    # The engine routes with the biases: its log-probs are the uncached forward's with them, not without.
+    _, params = load_model(zoo_path("tiny-code-moe"))
+    tokens = jnp.asarray([out.prompt_token_ids + out.outputs[0].token_ids[:-1]])
+    first = len(out.prompt_token_ids) - 1
+    chosen = jnp.asarray(out.outputs[0].token_ids)
+
+    def logprobs(router_state):
+        logits = forward_full(params, config, tokens, router_state=router_state)[0, first:]
+        return np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits, -1), chosen[:, None], -1)[:, 0])
+    engine = np.asarray(out.outputs[0].logprobs)
+    np.testing.assert_allclose(engine, logprobs(biases), atol=2e-4)
+    assert np.abs(engine - logprobs(None)).max() > 1e-3
