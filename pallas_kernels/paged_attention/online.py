@@ -39,8 +39,7 @@ def uniform_paged_attention_online(q, k_pages, v_pages, block_tables, context_le
     query_pos = context_lens[:, None] - q_len + jnp.arange(q_len)[None, :]  # [B, Q]
     num_steps = (jnp.max(context_lens) + chunk * s_page - 1) // (chunk * s_page)
 
-    def step(i, carry):
-        run_max, run_sum, acc = carry  # [B, K, G, Q], [B, K, G, Q], [B, K, G, Q, D]
+    def step(i, carry):  # carry: running max, sum [B, K, G, Q] and accumulator [B, K, G, Q, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)  # [B, C]
         k = k_pages[pages].reshape(b, chunk * s_page, kv_heads, d).astype(jnp.float32)
         v = v_pages[pages].reshape(b, chunk * s_page, kv_heads, d).astype(jnp.float32)
@@ -51,14 +50,7 @@ def uniform_paged_attention_online(q, k_pages, v_pages, block_tables, context_le
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < context_lens[:, None, None])
         if sliding_window is not None:
             mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
-        mask = mask[:, None, None]  # [B, 1, 1, Q, L]
-        s = jnp.where(mask, s, _NEG_INF)
-        new_max = jnp.maximum(run_max, jnp.max(s, axis=-1))
-        scale = jnp.exp(run_max - new_max)
-        p = jnp.exp(s - new_max[..., None]) * mask
-        run_sum = run_sum * scale + jnp.sum(p, axis=-1)
-        acc = acc * scale[..., None] + jnp.einsum("bkgql,blkd->bkgqd", p, v)
-        return new_max, run_sum, acc
+        return _online_update(carry, s, mask[:, None, None], v, "bkgql,blkd->bkgqd")  # mask [B, 1, 1, Q, L]
 
     init = (jnp.full((b, kv_heads, g, q_len), _NEG_INF, jnp.float32), jnp.zeros((b, kv_heads, g, q_len), jnp.float32),
             jnp.zeros((b, kv_heads, g, q_len, d), jnp.float32))
@@ -155,8 +147,7 @@ def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_len
     qg = q_tiles.reshape(num_tiles, tile, kv_heads, g, d).astype(jnp.float32) * sm_scale
     num_steps = (jnp.max(jnp.where(valid, query_pos, -1)) + width) // width  # keys up to the last query
 
-    def step(i, carry):
-        run_max, run_sum, acc = carry  # [NT, K, G, tile], same, [NT, K, G, tile, D]
+    def step(i, carry):  # carry: running max, sum [NT, K, G, tile] and accumulator [NT, K, G, tile, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)
         k = k_pages[pages].reshape(num_tiles, width, kv_heads, d).astype(jnp.float32)
         v = v_pages[pages].reshape(num_tiles, width, kv_heads, d).astype(jnp.float32)
@@ -167,14 +158,7 @@ def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_len
         mask = key_pos[None, None, :] <= pos_tiles[:, :, None]  # [NT, tile, W]; empty rows see nothing
         if sliding_window is not None:
             mask &= key_pos[None, None, :] > pos_tiles[:, :, None] - sliding_window
-        mask = mask[:, None, None]
-        s = jnp.where(mask, s, _NEG_INF)
-        new_max = jnp.maximum(run_max, jnp.max(s, axis=-1))
-        scale = jnp.exp(run_max - new_max)
-        p = jnp.exp(s - new_max[..., None]) * mask
-        run_sum = run_sum * scale + jnp.sum(p, axis=-1)
-        acc = acc * scale[..., None] + jnp.einsum("tkgqw,twkd->tkgqd", p, v)
-        return new_max, run_sum, acc
+        return _online_update(carry, s, mask[:, None, None], v, "tkgqw,twkd->tkgqd")
 
     init = (jnp.full((num_tiles, kv_heads, g, tile), _NEG_INF, jnp.float32),
             jnp.zeros((num_tiles, kv_heads, g, tile), jnp.float32),
@@ -184,3 +168,16 @@ def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_len
     o = o.transpose(0, 3, 1, 2, 4).reshape(num_tiles, tile, h, d)
     out = o.at[tile_id, slot].get(mode="fill", fill_value=0)
     return out.astype(q.dtype)
+
+
+def _online_update(carry, s, mask, v, pv_einsum):
+    """One loop step of the online softmax for the multi-query bodies: scores ``s [..., Q, L]``
+    (``mask`` broadcastable to it) folded into (running max, running sum, accumulator)."""
+    run_max, run_sum, acc = carry
+    s = jnp.where(mask, s, _NEG_INF)
+    new_max = jnp.maximum(run_max, jnp.max(s, axis=-1))
+    scale = jnp.exp(run_max - new_max)
+    p = jnp.exp(s - new_max[..., None]) * mask
+    run_sum = run_sum * scale + jnp.sum(p, axis=-1)
+    acc = acc * scale[..., None] + jnp.einsum(pv_einsum, p, v)
+    return new_max, run_sum, acc
