@@ -8,6 +8,8 @@ seed draws the same tokens whatever else shares its batch.
 Top-k and top-p thresholds are found by bisection on the logit value (a few dozen O(R·V)
 passes) instead of sorting the vocabulary: XLA:CPU's sort of [64, 4096] took ~140 ms, the
 whole rest of a small model's decode step far less. Greedy-only batches skip the random path.
+For the same reason the argmax is a max and a min (``argmax_first``) and the chosen token's
+log-prob uses a log-sum-exp rather than a full log-softmax.
 """
 from __future__ import annotations
 
@@ -26,6 +28,24 @@ class SamplingBatch:
     seed: jax.Array  # u32[R]
     index: jax.Array  # i32[R]: sample number within the request
     position: jax.Array  # i32[R]: position of the token being drawn
+
+
+def argmax_first(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` (the first maximal index) as i32, computed as a max and then a min.
+
+    XLA:CPU vectorises both plain reductions but not argmax's variadic (value, index) reduce:
+    at [64, 4096] this takes ~0.5 ms where ``jnp.argmax`` took ~1.3 ms.
+    """
+    top = jnp.max(x, axis=-1, keepdims=True)
+    vocab = x.shape[-1]
+    return jnp.min(jnp.where(x == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log softmax(logits)[token] per row, f32[R], without materialising the log-softmax."""
+    top = jnp.max(logits, axis=-1)
+    lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+    return jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
 
 
 def row_keys(seed: jax.Array, index: jax.Array, position: jax.Array) -> jax.Array:
@@ -73,15 +93,13 @@ def _draw(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
     scaled = jax.lax.cond(filtering, lambda x: filter_logits(x, batch.top_k, batch.top_p), lambda x: x, scaled)
     keys = row_keys(batch.seed, batch.index, batch.position)
     gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (logits.shape[-1],)))(keys)
-    drawn = jnp.argmax(scaled + gumbel, axis=-1)  # Gumbel-max: an exact draw from softmax(scaled)
-    return jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn)
+    drawn = argmax_first(scaled + gumbel)  # Gumbel-max: an exact draw from softmax(scaled)
+    return jnp.where(greedy, argmax_first(logits), drawn)
 
 
 def sample(logits: jax.Array, batch: SamplingBatch) -> tuple[jax.Array, jax.Array]:
     """logits f32[R, V] -> (tokens i32[R], log-probs f32[R] of those tokens under the raw logits)."""
     logits = logits.astype(jnp.float32)
     all_greedy = jnp.all(batch.temperature <= 0)
-    tokens = jax.lax.cond(all_greedy, lambda: jnp.argmax(logits, axis=-1), lambda: _draw(logits, batch))
-    tokens = tokens.astype(jnp.int32)
-    logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
-    return tokens, logprobs
+    tokens = jax.lax.cond(all_greedy, lambda: argmax_first(logits), lambda: _draw(logits, batch))
+    return tokens, token_logprobs(logits, tokens)

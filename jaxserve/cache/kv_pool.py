@@ -2,9 +2,13 @@
 
 Axis names: P pages (blocks), S page size, K kv heads, D head dim, T new tokens.
 
-A pool is a list with one ``(k_pages, v_pages)`` pair per layer, each ``[P, S, K, D]``.
-Separate per-layer buffers (not one stacked array) let a jitted step donate and update each
-layer in place; a stacked ``lax.scan`` layout copies the cache every step (DESIGN.md).
+A pool is a list with one ``(k_pages, v_pages)`` pair per layer, each ``[P, S, K, D]``, except
+that the plain-XLA attention (``attention_impl="xla"``, the default off GPU) reads K with tokens
+innermost, ``[P, K, D, S]`` (``k_tokens_minor=True``; why: ``pallas_kernels/paged_attention/online.py``).
+The layout is fixed when the pool is built and passed again to ``write_kv``; pages stay axis 0 in
+both, so block copies and all host bookkeeping ignore it. Separate per-layer buffers (not one
+stacked array) let a jitted step donate and update each layer in place; a stacked ``lax.scan``
+layout copies the cache every step (DESIGN.md).
 """
 from __future__ import annotations
 
@@ -15,9 +19,10 @@ KVPool = list[tuple[jax.Array, jax.Array]]
 
 
 def init_kv_pool(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype=jnp.float32) -> KVPool:
+                 head_dim: int, dtype=jnp.float32, *, k_tokens_minor: bool = False) -> KVPool:
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers)]
+    k_shape = (num_blocks, num_kv_heads, head_dim, block_size) if k_tokens_minor else shape
+    return [(jnp.zeros(k_shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers)]
 
 
 def kv_pool_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -26,12 +31,13 @@ def kv_pool_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
 
 
 def write_kv(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array,
-             slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
+             slot_mapping: jax.Array, *, k_tokens_minor: bool = False) -> tuple[jax.Array, jax.Array]:
     """Scatters new K/V rows ``[T, K, D]`` to flat slots ``i32[T]`` (page * S + offset).
 
-    Negative slots mark padding tokens and are dropped.
+    Negative slots mark padding tokens and are dropped. ``k_tokens_minor``: the pool's K is
+    ``[P, K, D, S]`` (as built by ``init_kv_pool``).
     """
-    num_pages, page_size = k_pages.shape[:2]
+    num_pages, page_size = v_pages.shape[:2]
     num_slots = num_pages * page_size
     slots = jnp.where(slot_mapping < 0, num_slots, slot_mapping)  # out of range => dropped
 
@@ -40,7 +46,11 @@ def write_kv(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array,
         flat = flat.at[slots].set(rows.astype(pages.dtype), mode="drop")
         return flat.reshape(pages.shape)
 
-    return scatter(k_pages, k), scatter(v_pages, v)
+    if k_tokens_minor:  # page index out of range for padding => dropped
+        k_pages = k_pages.at[slots // page_size, :, :, slots % page_size].set(k.astype(k_pages.dtype), mode="drop")
+    else:
+        k_pages = scatter(k_pages, k)
+    return k_pages, scatter(v_pages, v)
 
 
 def copy_blocks(pool: KVPool, src: jax.Array, dst: jax.Array) -> KVPool:

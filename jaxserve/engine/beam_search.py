@@ -67,7 +67,7 @@ def _search(engine, prompts: list[list[int]], params: BeamSearchParams) -> list[
             out = sched.schedule()
             sampled = [e for e in out.scheduled if e.sample]
             rows = [SampleRow(i, 0, 0.0, 0, 1.0, 0, e.context_len) for i, e in enumerate(out.scheduled) if e.sample]
-            _, _, top_lps, top_ids = engine.runner.execute(out, rows)
+            _, _, top_lps, top_ids = engine.runner.execute(out, rows, top_logprobs=True)
             candidates = {}
             for e, lps, ids in zip(sampled, top_lps, top_ids):
                 parent = beams[e.request_id][e.seq_id]

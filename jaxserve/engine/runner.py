@@ -23,8 +23,8 @@ import numpy as np
 from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, half_octaves, powers_of_two
-from jaxserve.engine.scheduler import SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata, resolve_impl
+from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
+from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import SamplingBatch, sample
@@ -64,7 +64,8 @@ class ModelRunner:
             self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
             self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
         self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                                         config.head_dim, jnp.dtype(config.dtype))
+                                         config.head_dim, jnp.dtype(config.dtype),
+                                         k_tokens_minor=k_tokens_minor(attention_impl))
         self.attention_impl = attention_impl
         self.quant = quant  # jaxserve.quant.MatmulSettings when params hold QuantizedTensors
         self.num_compilations = 0
@@ -90,9 +91,11 @@ class ModelRunner:
         src[: len(copies)], dst[: len(copies)] = zip(*copies)
         self.pool = self._counted(_copy, self.pool, jnp.asarray(src), jnp.asarray(dst))
 
-    def execute(self, out: SchedulerOutput, rows: list[SampleRow]) -> tuple[np.ndarray, ...]:
+    def execute(self, out: SchedulerOutput, rows: list[SampleRow], top_logprobs: bool = False
+                ) -> tuple[np.ndarray, ...]:
         """Runs one scheduled step. Returns, for each row: the drawn token i32[R], its log-prob f32[R],
-        and the NUM_TOP_LOGPROBS most likely tokens' log-probs f32[R, k] and ids i32[R, k]."""
+        and (only with ``top_logprobs``, else zeros) the NUM_TOP_LOGPROBS most likely tokens'
+        log-probs f32[R, k] and ids i32[R, k]."""
         self.copy_blocks(out.copies)
         entries = out.scheduled
         decode_only = all(len(e.token_ids) == 1 for e in entries)
@@ -103,9 +106,10 @@ class ModelRunner:
         else:
             num_seqs = self.max_num_seqs
             num_tokens = bucket(out.num_batched_tokens, self.token_buckets)
-        return self._run(_pack(entries, num_tokens, num_seqs, num_pages), rows, decode_only)
+        return self._run(_pack(entries, num_tokens, num_seqs, num_pages), rows, decode_only, top_logprobs)
 
-    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool) -> tuple[np.ndarray, ...]:
+    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool, top_logprobs: bool = False
+             ) -> tuple[np.ndarray, ...]:
         meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
                                  context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
         num_seqs = arrays["tables"].shape[0]
@@ -113,20 +117,25 @@ class ModelRunner:
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
         results, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
-            sample_entry, sbatch, self.router_state, config=self.config, attention_impl=self.attention_impl,
-            quant=self.quant)
+            sample_entry, sbatch, jnp.asarray(top_logprobs), self.router_state, config=self.config,
+            attention_impl=self.attention_impl, quant=self.quant)
         return tuple(r[: len(rows)] for r in jax.device_get(results))
 
     def warmup(self) -> int:
-        """Compiles every bucket's program with all-padding batches (the pool is not written).
+        """Compiles and runs every bucket's program once (the pool is not written).
 
         Returns the number of programs compiled; afterwards a workload compiles nothing new.
+        Each batch holds one token that attends to one cached slot and writes nowhere: with no
+        live token at all, the attention loops would run zero times and their first real run
+        would still pay ~30 ms of one-off cost in the middle of serving.
         """
         before = self.num_compilations
         shapes = [(b, b, m, True) for b in self.seq_buckets for m in self.page_buckets]
         shapes += [(t, self.max_num_seqs, m, False) for t in self.token_buckets for m in self.page_buckets]
+        reader = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
+                                   slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
         for num_tokens, num_seqs, num_pages, decode_only in shapes:
-            self._run(_pack([], num_tokens, num_seqs, num_pages), [], decode_only)
+            self._run(_pack([reader], num_tokens, num_seqs, num_pages), [], decode_only)
         self.copy_blocks([(0, 0)])  # a self-copy: harmless
         return self.num_compilations - before
 
@@ -136,8 +145,8 @@ NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search use
 
 
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
-def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, router_state=None, *,
-          config, attention_impl, quant=None):
+def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top, router_state=None,
+          *, config, attention_impl, quant=None):
     _TRACES[0] += 1
     # quant is static: a quantized tree looks the same under every matmul setting
     with matmul_context(quant):
@@ -146,7 +155,12 @@ def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry
                                   router_state=router_state)
     logits = logits[sample_entry]
     toks, logprobs = sample(logits, sbatch)
-    top_logprobs, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), min(NUM_TOP_LOGPROBS, logits.shape[-1]))
+    k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
+    # a runtime branch, not a static flag (which would double the programs): only beam search
+    # asks, and at batch 64 x 4096 the top-k costs ~1 ms of a ~20 ms CPU decode step
+    top_logprobs, top_ids = jax.lax.cond(
+        want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)),
+        lambda: (jnp.zeros((logits.shape[0], k), jnp.float32), jnp.zeros((logits.shape[0], k), jnp.int32)))
     return (toks, logprobs, top_logprobs, top_ids), kv_pool
 
 

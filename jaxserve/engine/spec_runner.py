@@ -33,7 +33,7 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.engine.runner import ModelRunner, SampleRow, _pack, _sampling_arrays
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata, resolve_impl
+from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.config import SpeculativeConfig
@@ -69,7 +69,8 @@ class SpecRunner:
         if proposer.method == "draft_model":
             c = proposer.config
             num_blocks = runner.pool[0][0].shape[0]
-            self.draft_pool = init_kv_pool(c.num_layers, num_blocks, bs, c.num_kv_heads, c.head_dim, jnp.dtype(c.dtype))
+            self.draft_pool = init_kv_pool(c.num_layers, num_blocks, bs, c.num_kv_heads, c.head_dim, jnp.dtype(c.dtype),
+                                           k_tokens_minor=k_tokens_minor(runner.attention_impl))
         self._hidden: dict[int, np.ndarray] = {}  # Medusa: seq_id -> target hidden f32[E] before its last token
         self.reset_metrics()
         self.num_compilations = 0

@@ -38,9 +38,16 @@ def resolve_impl(impl: str) -> str:
     return impl
 
 
+def k_tokens_minor(impl: str) -> bool:
+    """Whether a pool for this implementation stores K as [P, K, D, S] (the XLA path) instead of [P, S, K, D]."""
+    return resolve_impl(impl) == "xla"
+
+
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                     meta: AttentionMetadata, impl: str = "auto") -> jax.Array:
-    """q [T, H, D] against the pool through the block tables -> [T, H, D]."""
+    """q [T, H, D] against the pool through the block tables -> [T, H, D].
+
+    ``k_pages`` is in the layout ``k_tokens_minor(impl)`` says (the pool was built for ``impl``)."""
     impl = resolve_impl(impl)
     if meta.decode_only:
         fn = {"reference": pa.paged_attention_reference, "xla": pa.paged_attention_online,

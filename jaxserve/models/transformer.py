@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool, write_kv
 from jaxserve.config import ModelConfig
-from jaxserve.models.attention import AttentionMetadata, causal_attention, paged_attention
+from jaxserve.models.attention import AttentionMetadata, causal_attention, k_tokens_minor, paged_attention
 from jaxserve.models.layers import RMSNorm, SwiGLU, rope
 
 _INIT = nn.initializers.normal(0.02)
@@ -48,7 +48,7 @@ class Attention(nn.Module):
         if kv is None:
             o = causal_attention(q, k, v)
         else:
-            kv = write_kv(*kv, k, v, meta.slot_mapping)
+            kv = write_kv(*kv, k, v, meta.slot_mapping, k_tokens_minor=k_tokens_minor(self.attention_impl))
             o = paged_attention(q, *kv, meta, self.attention_impl)
         out = _dense(c.hidden_size, c.o_bias, dt, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv

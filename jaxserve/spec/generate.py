@@ -28,7 +28,7 @@ from flax import struct
 from jaxserve.cache.kv_pool import KVPool, init_kv_pool
 from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
-from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.attention import AttentionMetadata, k_tokens_minor
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.config import check_medusa_matches
@@ -61,7 +61,7 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     padding, whose K/V writes are dropped.
     """
     b, lp = prompts.shape
-    block_size = pool[0][0].shape[1]
+    block_size = pool[0][1].shape[1]
     pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
     slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
@@ -77,9 +77,9 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     return logits, pool
 
 
-def _new_pool(config: ModelConfig, num_blocks: int, block_size: int) -> KVPool:
+def _new_pool(config: ModelConfig, num_blocks: int, block_size: int, attention_impl: str) -> KVPool:
     return init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim,
-                        jnp.dtype(config.dtype))
+                        jnp.dtype(config.dtype), k_tokens_minor=k_tokens_minor(attention_impl))
 
 
 def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
@@ -88,7 +88,7 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
     or with_hidden: the target's hidden at each prompt's last token)."""
     b = prompts.shape[0]
     tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
-    pool = _new_pool(target_config, b * pages_per_seq, block_size)
+    pool = _new_pool(target_config, b * pages_per_seq, block_size, attention_impl)
     pre = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden)
     logits, pool = pre[0], pre[-1]
     first = sample_tokens(logits, sampling.replace(position=prompt_lens))
@@ -144,7 +144,7 @@ def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_
     state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
                    gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
                    attention_impl=attention_impl)
-    draft_pool = _new_pool(draft_config, state.target_pool[0][0].shape[0], block_size)
+    draft_pool = _new_pool(draft_config, state.target_pool[0][0].shape[0], block_size, attention_impl)
     _, draft_pool = _prefill(draft_params, draft_config, draft_pool, prompts, prompt_lens,
                              state.inputs.block_tables, attention_impl)
 

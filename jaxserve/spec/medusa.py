@@ -94,7 +94,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        _multi_token_meta(inputs, pos, target_pool[0][0].shape[1]), attention_impl=attention_impl)
+        _multi_token_meta(inputs, pos, target_pool[0][1].shape[1]), attention_impl=attention_impl)
     p = _probs(logits.reshape(b, gamma + 1, -1), s)
     r = accept_and_advance(inputs, x, q, p, u, target_pool, [])
     # the hidden at L + n produced the new last token: the heads read it next round

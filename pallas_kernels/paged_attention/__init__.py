@@ -4,6 +4,7 @@ from pallas_kernels.paged_attention.decode import paged_attention
 from pallas_kernels.paged_attention.online import (
     paged_attention_online,
     ragged_paged_attention_online,
+    tokens_minor,
     uniform_paged_attention_online,
 )
 from pallas_kernels.paged_attention.mosaic import paged_attention_mosaic  # experimental, see mosaic.py
@@ -22,6 +23,7 @@ __all__ = [
     "ragged_paged_attention",
     "ragged_paged_attention_online",
     "ragged_paged_attention_reference",
+    "tokens_minor",
     "uniform_paged_attention_online",
     "uniform_paged_attention_reference",
 ]

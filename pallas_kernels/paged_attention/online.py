@@ -8,6 +8,15 @@ M = 32, S = 16 one layer took ~60 ms, of which the live 200 tokens needed a tent
 sequence in the batch, and keeps a flash-attention running max / sum / accumulator, so each
 step touches [B, pages_per_step * S, K, D] of K/V and the work follows the live length.
 
+K pool layout: tokens innermost, ``kt_pages [P, K, D, S]`` (vLLM's CUDA kernels keep K this way
+too); V stays ``[P, S, K, D]``. XLA:CPU vectorises along the minor axis only: with tokens minor, the
+decode scores are a sum over D of [.., S]-vector multiply-adds, and with D minor the output is a sum
+over tokens of [.., D]-vector ones. Written as explicit unrolled sums, both run on full SIMD vectors;
+as ``dot_general`` or a ``reduce`` over D the same work took ~2x longer (B=64, 200 live tokens,
+K=4, D=32: one layer 2.3-2.7 ms vs 4.2-4.6 ms with K as [P, S, K, D]; /tmp-style probe, idle
+2-core Sapphire Rapids). Pools for this path are built with ``k_tokens_minor=True``
+(``jaxserve.cache.kv_pool``); ``tokens_minor(k_pages)`` converts a [P, S, K, D] array.
+
 Axis names as in ``reference.py``: B sequences, Q new tokens per sequence, H query heads,
 K kv heads, G = H // K, D head dim, P pages in the pool, S page size, M pages per table.
 """
@@ -20,17 +29,23 @@ _NEG_INF = -1e30
 TOKENS_PER_STEP = 32  # K/V tokens per loop step: large enough to amortise the loop, small enough to stay in cache
 
 
-def uniform_paged_attention_online(q, k_pages, v_pages, block_tables, context_lens, q_len, *,
+def tokens_minor(k_pages: jax.Array) -> jax.Array:
+    """[P, S, K, D] -> [P, K, D, S], the K layout this module reads."""
+    return k_pages.transpose(0, 2, 3, 1)
+
+
+def uniform_paged_attention_online(q, kt_pages, v_pages, block_tables, context_lens, q_len, *,
                                    sm_scale=None, soft_cap=None, sliding_window=None, pages_per_step=None):
     """Each sequence has exactly ``q_len`` new tokens; q [B*q_len, H, D], rows grouped by sequence.
 
-    Same contract as ``uniform_paged_attention_reference``: the i-th new token of sequence b sits
+    Same contract as ``uniform_paged_attention_reference`` except K's layout (``kt_pages [P, K, D, S]``,
+    module docstring): the i-th new token of sequence b sits
     at position ``context_lens[b] - q_len + i`` and sees keys at positions <= its own; sequences
     with context length 0 get zeros. Returns [B*q_len, H, D] in q's dtype.
     """
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     b, m = block_tables.shape
-    s_page, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    kv_heads, s_page = kt_pages.shape[1], kt_pages.shape[3]
     h, d = q.shape[1:]
     g = h // kv_heads
     chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
@@ -41,9 +56,9 @@ def uniform_paged_attention_online(q, k_pages, v_pages, block_tables, context_le
 
     def step(i, carry):  # carry: running max, sum [B, K, G, Q] and accumulator [B, K, G, Q, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)  # [B, C]
-        k = k_pages[pages].reshape(b, chunk * s_page, kv_heads, d).astype(jnp.float32)
+        k = kt_pages[pages].astype(jnp.float32)  # [B, C, K, D, S]
         v = v_pages[pages].reshape(b, chunk * s_page, kv_heads, d).astype(jnp.float32)
-        s = jnp.einsum("bqkgd,blkd->bkgql", qg, k)
+        s = jnp.einsum("bqkgd,bckds->bkgqcs", qg, k).reshape(b, kv_heads, g, q_len, chunk * s_page)
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
         key_pos = i * chunk * s_page + jnp.arange(chunk * s_page)
@@ -59,49 +74,48 @@ def uniform_paged_attention_online(q, k_pages, v_pages, block_tables, context_le
     return o.transpose(0, 3, 1, 2, 4).reshape(b * q_len, h, d).astype(q.dtype)
 
 
-def paged_attention_online(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None, soft_cap=None,
+def paged_attention_online(q, kt_pages, v_pages, block_tables, lengths, *, sm_scale=None, soft_cap=None,
                            sliding_window=None, pages_per_step=None):
-    """Decode attention (one query token per sequence), same contract as ``paged_attention_reference``.
+    """Decode attention (one query token per sequence): the contract of ``paged_attention_reference``
+    with K as ``kt_pages [P, K, D, S]``.
 
-    The throughput-critical path, so it has its own loop body: with one query row per head
-    group, the scores are a multiply-and-reduce over D and the output a multiply-and-reduce
-    over the chunk's tokens. XLA:CPU fuses each with the page gather into one loop, where the
-    einsum form of ``uniform_paged_attention_online`` becomes tiny batched matmuls behind a
-    transpose of the gathered K/V (B=64, 300 live tokens, on a loaded 2-core machine: 8.1 vs
-    9.4 ms of CPU per layer).
+    The throughput-critical path, so its loop body is written for XLA:CPU's vectoriser (module
+    docstring): scores as D unrolled multiply-adds of [B, C, K, G, S] vectors, the output as C*S
+    unrolled multiply-adds of [B, K, G, D] vectors. The unrolling grows the program with D and
+    pages_per_step * S, which is fine at the head dims served on CPU.
     """
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     b, m = block_tables.shape
-    s_page, kv_heads = k_pages.shape[1], k_pages.shape[2]
-    h, d = q.shape[1:]
+    kv_heads, d, s_page = kt_pages.shape[1:]
+    h = q.shape[1]
     g = h // kv_heads
     chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
     width = chunk * s_page
     tables = jnp.pad(block_tables, ((0, 0), (0, (-m) % chunk)))
-    qg = q.reshape(b, 1, kv_heads, g, d).astype(jnp.float32) * sm_scale
+    qg = q.reshape(b, 1, kv_heads, g, d, 1).astype(jnp.float32) * sm_scale  # broadcast over C and S
     query_pos = lengths - 1
     num_steps = (jnp.max(lengths) + width - 1) // width
 
     def step(i, carry):
         run_max, run_sum, acc = carry  # [B, K, G], [B, K, G], [B, K, G, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)  # [B, C]
-        k = k_pages[pages].reshape(b, width, kv_heads, 1, d).astype(jnp.float32)
-        v = v_pages[pages].reshape(b, width, kv_heads, 1, d).astype(jnp.float32)
-        s = jnp.sum(qg * k, axis=-1)  # [B, W, K, G]
+        k = kt_pages[pages][:, :, :, None].astype(jnp.float32)  # [B, C, K, 1, D, S]
+        v = v_pages[pages].astype(jnp.float32)  # [B, C, S, K, D]
+        s = sum(qg[..., j, :] * k[..., j, :] for j in range(d))  # [B, C, K, G, S]
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
-        key_pos = i * width + jnp.arange(width)
-        mask = key_pos[None, :] <= query_pos[:, None]
+        key_pos = i * width + jnp.arange(width).reshape(chunk, s_page)
+        mask = key_pos[None] <= query_pos[:, None, None]
         if sliding_window is not None:
-            mask &= key_pos[None, :] > query_pos[:, None] - sliding_window
-        mask = mask[:, :, None, None]
+            mask &= key_pos[None] > query_pos[:, None, None] - sliding_window
+        mask = mask[:, :, None, None, :]  # [B, C, 1, 1, S]
         s = jnp.where(mask, s, _NEG_INF)
-        new_max = jnp.maximum(run_max, jnp.max(s, axis=1))
+        new_max = jnp.maximum(run_max, jnp.max(s, axis=(1, 4)))
         scale = jnp.exp(run_max - new_max)
-        p = jnp.exp(s - new_max[:, None]) * mask
-        run_sum = run_sum * scale + jnp.sum(p, axis=1)
-        acc = acc * scale[..., None] + jnp.sum(p[..., None] * v, axis=1)
-        return new_max, run_sum, acc
+        p = jnp.exp(s - new_max[:, None, :, :, None]) * mask
+        run_sum = run_sum * scale + jnp.sum(p, axis=(1, 4))
+        pv = sum(p[:, c, :, :, j, None] * v[:, c, j, :, None, :] for c in range(chunk) for j in range(s_page))
+        return new_max, run_sum, acc * scale[..., None] + pv
 
     init = (jnp.full((b, kv_heads, g), _NEG_INF, jnp.float32), jnp.zeros((b, kv_heads, g), jnp.float32),
             jnp.zeros((b, kv_heads, g, d), jnp.float32))
@@ -110,9 +124,10 @@ def paged_attention_online(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
     return o.reshape(b, h, d).astype(q.dtype)
 
 
-def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_lens, cu_q_lens, *, sm_scale=None,
+def ragged_paged_attention_online(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, *, sm_scale=None,
                                   soft_cap=None, sliding_window=None, tile=16, pages_per_step=None):
-    """Packed multi-query attention, same contract as ``ragged_paged_attention_reference``.
+    """Packed multi-query attention: the contract of ``ragged_paged_attention_reference`` with K as
+    ``kt_pages [P, K, D, S]``.
 
     A mixed step packs decode tokens and prefill chunks of different lengths. The packed rows are
     regrouped into tiles of ``tile`` rows that each belong to one sequence (a 100-token chunk
@@ -124,7 +139,7 @@ def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_len
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     t, h, d = q.shape
     num_seqs, m = block_tables.shape
-    s_page, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    kv_heads, s_page = kt_pages.shape[1], kt_pages.shape[3]
     g = h // kv_heads
     chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
     width = chunk * s_page
@@ -149,9 +164,9 @@ def ragged_paged_attention_online(q, k_pages, v_pages, block_tables, context_len
 
     def step(i, carry):  # carry: running max, sum [NT, K, G, tile] and accumulator [NT, K, G, tile, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)
-        k = k_pages[pages].reshape(num_tiles, width, kv_heads, d).astype(jnp.float32)
+        k = kt_pages[pages].astype(jnp.float32)  # [NT, C, K, D, S]
         v = v_pages[pages].reshape(num_tiles, width, kv_heads, d).astype(jnp.float32)
-        s = jnp.einsum("tqkgd,twkd->tkgqw", qg, k)
+        s = jnp.einsum("tqkgd,tckds->tkgqcs", qg, k).reshape(num_tiles, kv_heads, g, tile, width)
         if soft_cap is not None:
             s = soft_cap * jnp.tanh(s / soft_cap)
         key_pos = i * width + jnp.arange(width)

@@ -6,6 +6,7 @@ import pytest
 
 from jaxserve.cache.kv_pool import init_kv_pool
 from jaxserve.models import AttentionMetadata, forward, forward_full, get_preset, init_params
+from jaxserve.models.attention import k_tokens_minor
 
 BLOCK = 4
 
@@ -21,8 +22,9 @@ def metadata(tables, starts, q_lens, decode_only=False):
                              cu_q_lens=jnp.array(cu, jnp.int32), decode_only=decode_only)
 
 
+@pytest.mark.parametrize("impl", ["xla", "reference"])  # the two pool layouts: K as [P, K, D, S] and [P, S, K, D]
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_chunked_prefill_then_decode_equals_full_forward(preset):
+def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
     config = get_preset(preset)
     params = init_params(config, jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -30,7 +32,8 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset):
     total = [n + 5 for n in lengths]  # 5 decode steps after the prompt
     tokens = [rng.integers(0, config.vocab_size, t) for t in total]
     tables = rng.permutation(16)[:10].reshape(2, 5).tolist()  # scattered pages
-    pool = init_kv_pool(config.num_layers, 16, BLOCK, config.num_kv_heads, config.head_dim)
+    pool = init_kv_pool(config.num_layers, 16, BLOCK, config.num_kv_heads, config.head_dim,
+                        k_tokens_minor=k_tokens_minor(impl))
 
     got = [[], []]
     # prefill in two chunks per sequence, both sequences packed in one batch
@@ -39,14 +42,14 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset):
         meta = metadata(tables, [lo, lo], [len(c) for c in chunks])
         toks = jnp.array(np.concatenate(chunks), jnp.int32)
         pos = jnp.array(np.concatenate([np.arange(lo, lo + len(c)) for c in chunks]), jnp.int32)
-        logits, pool = forward(params, config, toks, pos, pool, meta)
+        logits, pool = forward(params, config, toks, pos, pool, meta, attention_impl=impl)
         for b, c in enumerate(np.split(np.asarray(logits), np.cumsum([len(c) for c in chunks])[:-1])):
             got[b].append(c)
     for step in range(5):
         pos = [n + step for n in lengths]
         meta = metadata(tables, pos, [1, 1], decode_only=True)
         toks = jnp.array([t[p] for t, p in zip(tokens, pos)], jnp.int32)
-        logits, pool = forward(params, config, toks, jnp.array(pos, jnp.int32), pool, meta)
+        logits, pool = forward(params, config, toks, jnp.array(pos, jnp.int32), pool, meta, attention_impl=impl)
         for b in range(2):
             got[b].append(np.asarray(logits[b:b + 1]))
 
@@ -55,13 +58,18 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset):
         np.testing.assert_allclose(np.concatenate(got[b]), expected, atol=1e-5)
 
 
-def test_padding_tokens_do_not_touch_the_pool():
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+def test_padding_tokens_do_not_touch_the_pool(impl):
     config = get_preset("tiny-llama")
     params = init_params(config, jax.random.key(1))
-    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim)
+    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim,
+                        k_tokens_minor=k_tokens_minor(impl))
     meta = metadata([[2, 3]], [0], [3])
     meta = meta.replace(slot_mapping=jnp.array([8, 9, 10, -1, -1], jnp.int32))
     toks = jnp.array([5, 6, 7, 0, 0], jnp.int32)
-    _, pool = forward(params, config, toks, jnp.array([0, 1, 2, 0, 0], jnp.int32), pool, meta)
-    k = np.asarray(pool[0][0])
-    assert np.all(k[[0, 1, 3]] == 0) and np.all(k[2, 3] == 0) and np.all(k[2, :3] != 0)
+    _, pool = forward(params, config, toks, jnp.array([0, 1, 2, 0, 0], jnp.int32), pool, meta, attention_impl=impl)
+    k, v = np.asarray(pool[0][0]), np.asarray(pool[0][1])
+    if k_tokens_minor(impl):
+        k = k.transpose(0, 3, 1, 2)  # back to [P, S, K, D]
+    for k in (k, v):
+        assert np.all(k[[0, 1, 3]] == 0) and np.all(k[2, 3] == 0) and np.all(k[2, :3] != 0)

@@ -8,6 +8,7 @@ from pallas_kernels.paged_attention import (
     paged_attention_reference,
     ragged_paged_attention_online,
     ragged_paged_attention_reference,
+    tokens_minor,
     uniform_paged_attention_online,
     uniform_paged_attention_reference,
 )
@@ -22,7 +23,7 @@ def test_decode_equals_reference(decode_case, lengths, page_size, pages_per_step
     q, k, v, tables, lens = decode_case(lengths, heads=8, kv_heads=2, head_dim=16, page_size=page_size,
                                         max_pages=max_pages)
     want = paged_attention_reference(q, k, v, tables, lens)
-    got = paged_attention_online(q, k, v, tables, lens, pages_per_step=pages_per_step)
+    got = paged_attention_online(q, tokens_minor(k), v, tables, lens, pages_per_step=pages_per_step)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
 
 
@@ -32,7 +33,7 @@ def test_decode_options(decode_case, window, cap, dtype, atol):
     q, k, v, tables, lens = decode_case([9, 30, 2], heads=4, kv_heads=4, head_dim=8, page_size=4, dtype=dtype)
     kw = dict(sliding_window=window, soft_cap=cap)
     want = paged_attention_reference(q, k, v, tables, lens, **kw)
-    got = paged_attention_online(q, k, v, tables, lens, pages_per_step=2, **kw)
+    got = paged_attention_online(q, tokens_minor(k), v, tables, lens, pages_per_step=2, **kw)
     assert got.dtype == dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol)
 
@@ -47,7 +48,8 @@ def test_uniform_equals_reference(q_len, window):
     context = jnp.asarray([q_len, 9 + q_len, 23, 0], jnp.int32)
     q = jnp.asarray(rng.normal(size=(seqs * q_len, heads, dim)), jnp.float32)
     want = uniform_paged_attention_reference(q, k, v, tables, context, q_len, sliding_window=window)
-    got = uniform_paged_attention_online(q, k, v, tables, context, q_len, pages_per_step=2, sliding_window=window)
+    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, context, q_len, pages_per_step=2,
+                                         sliding_window=window)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(got[3 * q_len:], 0)
 
@@ -59,7 +61,7 @@ def test_pages_past_the_longest_sequence_are_never_read(decode_case):
     spare = min(set(range(k.shape[0])) - live)
     k_bad = k.at[spare].set(jnp.nan)  # table entries past the live pages point at a poisoned page
     tables_bad = tables.at[:, 3:].set(spare)
-    got = paged_attention_online(q, k_bad, v, tables_bad, lens, pages_per_step=1)
+    got = paged_attention_online(q, tokens_minor(k_bad), v, tables_bad, lens, pages_per_step=1)
     want = paged_attention_reference(q, k, v, tables, lens)
     np.testing.assert_allclose(got, want, atol=2e-6)
 
@@ -81,7 +83,7 @@ def test_ragged_equals_reference(q_lens, contexts, tile, window):
     cu = jnp.asarray(np.r_[0, np.cumsum(q_lens)], jnp.int32)
     context = jnp.asarray(contexts, jnp.int32)
     want = ragged_paged_attention_reference(q, k, v, tables, context, cu, sliding_window=window)
-    got = ragged_paged_attention_online(q, k, v, tables, context, cu, tile=tile, pages_per_step=2,
+    got = ragged_paged_attention_online(q, tokens_minor(k), v, tables, context, cu, tile=tile, pages_per_step=2,
                                         sliding_window=window)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(got[total:], 0)
