@@ -98,7 +98,10 @@ def test_vocab_mismatch_raises_before_writing(tiny_run, tmp_path):
 
 
 def _as_overrides(rc) -> list[str]:
-    return [f"{section}.{k}={'null' if v is None else v}" for section, fields in dataclasses.asdict(rc).items()
+    # OmegaConf reads a bare "key=" as null, so empty strings (init_from="", corpus="") are quoted.
+    def spell(v):
+        return "null" if v is None else "''" if v == "" else v
+    return [f"{section}.{k}={spell(v)}" for section, fields in dataclasses.asdict(rc).items()
             for k, v in fields.items()]
 
 
