@@ -86,7 +86,8 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     The returned ``draft_pool`` slot holds the next round's hidden f32[B, E] (unchanged for inactive rows).
     """
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size)
+    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+                       jnp.all(s.temperature <= 0))
     x = medusa_propose(heads_params, heads_config, hidden, gamma)
     q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)
     b = x.shape[0]

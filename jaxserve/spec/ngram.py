@@ -50,7 +50,8 @@ def ngram_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, h
                 attention_impl: str = "auto") -> RoundOutputs:
     """``spec_round`` with n-gram proposals from history i32[B, H] (valid at [0, positions]); draft_pool is []."""
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size)
+    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+                       jnp.all(s.temperature <= 0))
     x, _ = ngram_propose(history, inputs.positions, gamma, max_ngram, min_ngram)
     q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)
     p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)

@@ -12,13 +12,17 @@ the draft token equals the target's argmax, and the correction (or bonus) is tha
 ``probs_from_logits`` turns logits into the distribution that ``jaxserve.sampling.sample`` draws
 from (temperature, then top-k/top-p via ``filter_logits``), so p and q are filtered identically.
 Greedy rows get the one-hot of the argmax of the raw logits, which is also what ``sample`` picks.
+
+When every row is greedy (``all_greedy``, a traced bool) no randomness is drawn at all: the
+uniforms are zeros and each draw is an argmax. At batch 1 on CPU the threefry calls and the
+Gumbel logs were ~45% of a small model's decode step, for nothing (greedy rows ignore them).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from jaxserve.sampling import SamplingBatch, filter_logits, row_keys
+from jaxserve.sampling import SamplingBatch, argmax_first, filter_logits, row_keys
 
 PAD_TOKEN = -1  # output slots past a sequence's emitted tokens
 
@@ -31,29 +35,39 @@ def probs_from_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Arra
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0
-    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
-    filtering = jnp.any((top_k > 0) | (top_p < 1))
-    scaled = jax.lax.cond(filtering, lambda x: filter_logits(x, top_k, top_p), lambda x: x, scaled)
-    probs = jax.nn.softmax(scaled, axis=-1)
-    onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-    return jnp.where(greedy[:, None], onehot, probs)
+    onehot = jax.nn.one_hot(argmax_first(logits), logits.shape[-1], dtype=jnp.float32)
+
+    def mixed():
+        scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+        filtering = jnp.any((top_k > 0) | (top_p < 1))
+        scaled = jax.lax.cond(filtering, lambda x: filter_logits(x, top_k, top_p), lambda x: x, scaled)
+        return jnp.where(greedy[:, None], onehot, jax.nn.softmax(scaled, axis=-1))
+
+    return jax.lax.cond(jnp.all(greedy), lambda: onehot, mixed)
 
 
-def round_uniforms(keys: jax.Array, gamma: int, vocab: int) -> jax.Array:
-    """All the randomness of one round, one draw per row: f32[B, G+1, V+1] in (0, 1).
+def round_uniforms(keys: jax.Array, gamma: int, vocab: int, all_greedy: jax.Array) -> jax.Array:
+    """All the randomness of one round, one draw per row: f32[B, G+1, V+1] in (0, 1) (zeros when
+    ``all_greedy``: nothing reads them then).
 
     ``[:, j, :V]`` drives draft draw j (j < G) and ``[:, G, :V]`` the correction / bonus draw;
     ``[:, :G, V]`` are the acceptance uniforms. One PRNG call per round keeps the compiled
     program small (each threefry call is costly to compile on CPU).
     """
     tiny = jnp.finfo(jnp.float32).tiny
-    return jax.vmap(lambda k: jax.random.uniform(k, (gamma + 1, vocab + 1), minval=tiny))(keys)
+    shape = (keys.shape[0], gamma + 1, vocab + 1)
+    return jax.lax.cond(all_greedy, lambda: jnp.zeros(shape, jnp.float32),
+                        lambda: jax.vmap(lambda k: jax.random.uniform(k, shape[1:], minval=tiny))(keys))
 
 
-def draw(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
-    """Gumbel-max draw from probs f32[..., V] driven by uniforms f32[..., V]; i32[...]."""
-    gumbel = -jnp.log(-jnp.log(uniforms))
-    return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
+def draw(probs: jax.Array, uniforms: jax.Array, all_greedy: jax.Array) -> jax.Array:
+    """Gumbel-max draw from probs f32[..., V] driven by uniforms f32[..., V]; i32[...].
+
+    A one-hot row draws its hot index either way; ``all_greedy`` (every row one-hot) skips the logs.
+    """
+    def gumbel_max():
+        return argmax_first(jnp.log(probs) - jnp.log(-jnp.log(uniforms)))
+    return jax.lax.cond(all_greedy, lambda: argmax_first(probs), gumbel_max)
 
 
 def sample_tokens(logits: jax.Array, sampling: SamplingBatch) -> jax.Array:
@@ -62,9 +76,12 @@ def sample_tokens(logits: jax.Array, sampling: SamplingBatch) -> jax.Array:
     The same distribution as ``jaxserve.sampling.sample``, drawn the way speculative rounds draw.
     """
     s = sampling
-    u = jax.vmap(lambda k: jax.random.uniform(k, logits.shape[-1:], minval=jnp.finfo(jnp.float32).tiny))(
-        row_keys(s.seed, s.index, s.position))
-    return draw(probs_from_logits(logits, s.temperature, s.top_k, s.top_p), u)
+
+    def random_draw():
+        u = jax.vmap(lambda k: jax.random.uniform(k, logits.shape[-1:], minval=jnp.finfo(jnp.float32).tiny))(
+            row_keys(s.seed, s.index, s.position))
+        return draw(probs_from_logits(logits, s.temperature, s.top_k, s.top_p), u, jnp.bool_(False))
+    return jax.lax.cond(jnp.all(s.temperature <= 0), lambda: argmax_first(logits), random_draw)
 
 
 def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
@@ -82,7 +99,7 @@ def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_pro
     accept_u = uniforms[:, :g, -1]  # f32[B, G]
     p_x = jnp.take_along_axis(target_probs[:, :g], draft_tokens[..., None], axis=-1)[..., 0]
     q_x = jnp.take_along_axis(draft_probs, draft_tokens[..., None], axis=-1)[..., 0]
-    target_argmax = jnp.argmax(target_probs, axis=-1).astype(jnp.int32)  # i32[B, G+1]
+    target_argmax = argmax_first(target_probs)  # i32[B, G+1]
     # u < p/q without dividing: x was drawn from q, so q(x) > 0 whenever it matters
     accept = jnp.where(greedy[:, None], draft_tokens == target_argmax[:, :g], accept_u * q_x < p_x)
     num_accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # i32[B]
@@ -95,7 +112,7 @@ def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_pro
     residual = jnp.maximum(p_n - q_n, 0.0)
     mass = jnp.sum(residual, axis=-1, keepdims=True)
     residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)  # p == q: rejection had prob 0
-    sampled = draw(residual, uniforms[:, g, :-1])
+    sampled = draw(residual, uniforms[:, g, :-1], jnp.all(greedy))
     extra = jnp.where(greedy, jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0], sampled)
 
     slots = jnp.arange(g + 1)[None, :]

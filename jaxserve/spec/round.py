@@ -94,7 +94,8 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
                            _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl,
                            logits_indices=jnp.arange(b) * 2 + 1)
     q = _probs(logits, inputs.sampling)
-    x = draw(q, uniforms[:, 0])
+    all_greedy = jnp.all(inputs.sampling.temperature <= 0)
+    x = draw(q, uniforms[:, 0], all_greedy)
 
     def step(carry, xs):
         pool, x = carry
@@ -103,7 +104,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
         logits, pool = forward(params, config, x, pos[:, 0], pool, _multi_token_meta(inputs, pos, block_size),
                                attention_impl=attention_impl)
         q = _probs(logits, inputs.sampling)
-        nxt = draw(q, u)
+        nxt = draw(q, u, all_greedy)
         return (pool, nxt), (nxt, q)
 
     steps = (jnp.arange(1, uniforms.shape[1]), uniforms[:, 1:].swapaxes(0, 1))
@@ -136,7 +137,8 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
     invariant.
     """
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size)
+    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+                       jnp.all(s.temperature <= 0))
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
                                      attention_impl)
     p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)

@@ -29,7 +29,7 @@ def _uniforms(key):
 @jax.jit
 def _draft(q, u):
     """Draft tokens i32[N, G] from q f32[N, G, V] with the round's uniforms, as spec_round draws them."""
-    return draw(q, u[:, :G, :-1])
+    return draw(q, u[:, :G, :-1], jnp.bool_(False))
 
 
 def _filtered(logits, top_k, top_p, temperature=1.0):
@@ -109,7 +109,7 @@ def _bigram_round(ctx, u, p_table, q_table):
     xs, qs, c = [], [], ctx
     for i in range(G):
         qi = q_table[c]
-        c = draw(qi, u[:, i, :-1])
+        c = draw(qi, u[:, i, :-1], jnp.bool_(False))
         xs.append(c)
         qs.append(qi)
     draft = jnp.stack(xs, 1)
