@@ -9,6 +9,7 @@ model its expert-load MaxVio; for a draft model its speculative-decoding α with
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import jax
@@ -51,6 +52,7 @@ def measure(name: str) -> dict:
     if name != REFERENCE and REFERENCE in available_models():
         models[REFERENCE] = load_model(zoo_path(REFERENCE))
     shapes = [(8, 256), (4, 64)]
+    ev["loadavg"] = os.getloadavg()  # the card states it: wall-time ratios drift under load
     times = [zoo.forward_seconds(models, b, length) for b, length in shapes]
     ev["fwd_ms"] = [t[name] * 1e3 for t in times]
     if len(models) > 1:

@@ -207,9 +207,11 @@ def render_card(name: str, description: str, ev: dict) -> str:
                   f"{a['prompts']} validation prompts of {a['prompt_len']} tokens, {a['generated']} tokens "
                   f"generated) | {a['token_acceptance_prob']:.4f} |",
                   f"| `spec_mean_acceptance_length` (tokens per target call) | {a['mean_acceptance_length']:.3f} |"]
+    load = (f"with the machine's load average at {ev['loadavg'][0]:.1f} just before timing (2 cores; the "
+            "measuring process itself counts ~1)" if "loadavg" in ev
+            else "on a shared 2-core machine with other jobs running")
     lines += [
-        "", "Wall times were taken on a shared 2-core machine with other jobs running; the FLOP ratio does "
-        "not depend on load.", "",
+        "", f"Wall times were taken {load}; the FLOP ratio does not depend on load.", "",
         "## Model", "",
         f"Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention)"
         + (_moe_sentence(load_config(path)) if load_config(path).num_experts else "")
