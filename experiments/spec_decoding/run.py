@@ -95,6 +95,9 @@ def run(cfg, out):
                                       np.full(batch, cfg.prompt_len), gammas=gammas, temperature=temperature,
                                       max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
                                       block_size=cfg.block_size, seed=cfg.seed, method=method)
+        # ~90 programs in one process exhausted the kernel's memory-map limit (vm.max_map_count 65530:
+        # each XLA:CPU kernel is JIT-mapped): a finished point's programs are never used again
+        jax.clear_caches()
     for method in cfg.methods:
         out.table(method, rows[method], columns=COLUMNS, fmt=FMT, title=f"While-loop path: {method}")
     engine = []
@@ -108,6 +111,7 @@ def run(cfg, out):
                                        # no prefix caching: every timed call does the same prefill as the first
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
                                        seed=cfg.seed)
+        jax.clear_caches()
     if engine:
         out.table("engine", engine, columns=COLUMNS, fmt=FMT,
                   title="Engine path: LLM.generate, one speculative round per step, vs a plain engine")
