@@ -35,7 +35,8 @@ class NullRunner:
     def copy_blocks(self, copies) -> None:
         pass
 
-    def execute(self, out, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def execute(self, out, rows, top_logprobs: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        del top_logprobs  # the fake top candidates are always drawn: beam search reads them
         self.steps += 1
         if self.on_execute is not None:
             self.on_execute(out)
