@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.sampling import SamplingBatch, filter_logits, sample
+from jaxserve.sampling import SamplingBatch, argmax_first, filter_logits, sample, token_logprobs
 
 
 def reference_filter(logits, top_k, top_p):
@@ -67,3 +67,15 @@ def test_same_seed_same_draws_different_seed_differs():
     c, _ = sample(logits, batch(32, 1.0, seed=6))
     np.testing.assert_array_equal(a, b)
     assert np.any(np.asarray(a) != np.asarray(c))
+
+
+def test_argmax_first_and_token_logprobs_match_jnp():
+    """The vectorisable forms equal jnp.argmax (first index on ties) and the log-softmax they replace."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 4, (64, 37)), jnp.float32)  # many exact ties
+    x = x.at[3].set(-jnp.inf).at[5, 7].set(jnp.inf)
+    np.testing.assert_array_equal(argmax_first(x), jnp.argmax(x, axis=-1))
+    logits = jnp.asarray(rng.normal(size=(8, 50)) * 5, jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 50, 8), jnp.int32)
+    want = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    np.testing.assert_allclose(token_logprobs(logits, tokens), want, atol=1e-5)
