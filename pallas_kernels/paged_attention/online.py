@@ -8,13 +8,14 @@ M = 32, S = 16 one layer took ~60 ms, of which the live 200 tokens needed a tent
 sequence in the batch, and keeps a flash-attention running max / sum / accumulator, so each
 step touches [B, pages_per_step * S, K, D] of K/V and the work follows the live length.
 
-K pool layout: tokens innermost, ``kt_pages [P, K, D, S]`` (vLLM's CUDA kernels keep K this way
-too); V stays ``[P, S, K, D]``. XLA:CPU vectorises along the minor axis only: with tokens minor, the
+K pool layout: tokens innermost, ``kt_pages [P, K, D, S]`` (vLLM's CUDA kernels use a close relative,
+[P, K, D/x, S, x]); V stays ``[P, S, K, D]``. XLA:CPU vectorises along the minor axis only: with tokens minor, the
 decode scores are a sum over D of [.., S]-vector multiply-adds, and with D minor the output is a sum
 over tokens of [.., D]-vector ones. Written as explicit unrolled sums, both run on full SIMD vectors;
 as ``dot_general`` or a ``reduce`` over D the same work took ~2x longer (B=64, 200 live tokens,
-K=4, D=32: one layer 2.3-2.7 ms vs 4.2-4.6 ms with K as [P, S, K, D]; /tmp-style probe, idle
-2-core Sapphire Rapids). Pools for this path are built with ``k_tokens_minor=True``
+K=4, D=32: one layer 2.3-2.7 ms vs 4.2-4.6 ms with K as [P, S, K, D]; an uncommitted probe on the
+idle 2-core Sapphire Rapids machine, 2026-11-29). The multi-query bodies keep ``einsum`` (there the
+unrolled form was faster only from batch 16 up). Pools for this path are built with ``k_tokens_minor=True``
 (``jaxserve.cache.kv_pool``); ``tokens_minor(k_pages)`` converts a [P, S, K, D] array.
 
 Axis names as in ``reference.py``: B sequences, Q new tokens per sequence, H query heads,
