@@ -30,6 +30,11 @@ def kv_pool_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
     return 2 * num_layers * block_size * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
 
 
+def page_size(pool: KVPool) -> int:
+    """Tokens per page, read from V ([P, S, K, D] in every layout; K's axis 1 is S only when not tokens-minor)."""
+    return pool[0][1].shape[1]
+
+
 def write_kv(k_pages: jax.Array, v_pages: jax.Array, k: jax.Array, v: jax.Array,
              slot_mapping: jax.Array, *, k_tokens_minor: bool = False) -> tuple[jax.Array, jax.Array]:
     """Scatters new K/V rows ``[T, K, D]`` to flat slots ``i32[T]`` (page * S + offset).

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxserve.cache.kv_pool import KVPool, init_kv_pool
+from jaxserve.cache.kv_pool import KVPool, init_kv_pool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.models.attention import AttentionMetadata, k_tokens_minor
@@ -61,7 +61,7 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     padding, whose K/V writes are dropped.
     """
     b, lp = prompts.shape
-    block_size = pool[0][1].shape[1]
+    block_size = page_size(pool)
     pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
     slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxserve.cache.kv_pool import KVPool
+from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.sampling import row_keys
 from jaxserve.spec.hidden import forward_with_hidden
@@ -95,7 +95,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        _multi_token_meta(inputs, pos, target_pool[0][1].shape[1]), attention_impl=attention_impl)
+        _multi_token_meta(inputs, pos, page_size(target_pool)), attention_impl=attention_impl)
     p = _probs(logits.reshape(b, gamma + 1, -1), s)
     r = accept_and_advance(inputs, x, q, p, u, target_pool, [])
     # the hidden at L + n produced the new last token: the heads read it next round

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxserve.cache.kv_pool import KVPool
+from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
@@ -86,7 +86,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
-    block_size = pool[0][1].shape[1]
+    block_size = page_size(pool)
     b = inputs.positions.shape[0]
     pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
     toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
@@ -117,7 +117,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
 def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, draft_tokens: jax.Array,
                   attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
     """One target pass over [last, x_1..x_G] at L..L+G -> distributions f32[B, G+1, V] and raw logits."""
-    block_size = pool[0][1].shape[1]
+    block_size = page_size(pool)
     b, g = draft_tokens.shape
     toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
