@@ -124,6 +124,8 @@ class EngineConfig:
     kv_cache_bytes: int = 256 * 2**20
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # sequences running more than one token in a step (prefill chunks); bounds a mixed step's attention work
+    max_num_partial_prefills: int = 8
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     attention_impl: str = "auto"  # auto (pallas on GPU, xla elsewhere) | pallas | xla | reference
@@ -134,7 +136,8 @@ class EngineConfig:
     kv_allocation: str = "paged"
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
+                     "kv_cache_bytes"):
             _require(getattr(self, name) > 0, f"EngineConfig.{name} must be > 0, got {getattr(self, name)}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks > 0,
                  f"EngineConfig.num_kv_blocks must be > 0 or None, got {self.num_kv_blocks}")

@@ -65,7 +65,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, reservations=reservations, eos_token_id=eos,
-                                   num_lookahead_slots=speculative.gamma if speculative else 0)
+                                   num_lookahead_slots=speculative.gamma if speculative else 0,
+                                   max_num_partial_prefills=ec.max_num_partial_prefills)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)
@@ -73,7 +74,7 @@ class LLMEngine:
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
-                                  router_state=router_state)
+                                  router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills)
         self.spec_runner = None if speculative is None else SpecRunner(self.runner, speculative, proposer,
                                                                        self.max_model_len)
         self._rng = np.random.default_rng(ec.seed)

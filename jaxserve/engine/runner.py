@@ -22,11 +22,12 @@ import numpy as np
 
 from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
-from jaxserve.engine.buckets import bucket, half_octaves, powers_of_two
+from jaxserve.engine.buckets import bucket, decode_batch_buckets, powers_of_two
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
+from jaxserve.models.loading import to_device
 from jaxserve.sampling import SamplingBatch, sample
 
 
@@ -45,21 +46,24 @@ class SampleRow:
 class ModelRunner:
     def __init__(self, config: ModelConfig, params: dict, *, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 attention_impl: str = "auto", quant=None, router_state: dict | None = None):
-        self.config, self.params = config, params
+                 attention_impl: str = "auto", quant=None, router_state: dict | None = None,
+                 max_num_partial_prefills: int | None = None):
+        self.config, self.params = config, to_device(params)  # numpy params would be copied in every step
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        self.max_chunks = max_num_partial_prefills  # the scheduler's cap on multi-token entries per step
         # Minimum buckets trade a little padded work for far fewer programs to compile.
         self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
         max_pages = -(-max_model_len // block_size)
         if resolve_impl(attention_impl) == "xla":
             # The XLA path loops over live pages only: its cost does not follow the table width,
             # so one width (the longest table) serves every step; with that many fewer programs,
-            # decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64).
+            # decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64)
+            # and small ones (1, 2, 4) for low-load latency.
             self.page_buckets = [max_pages]
-            self.seq_buckets = half_octaves(min(8, max_num_seqs), max_num_seqs)
+            self.seq_buckets = decode_batch_buckets(max_num_seqs)
         else:
             self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
             self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
@@ -110,16 +114,26 @@ class ModelRunner:
 
     def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool, top_logprobs: bool = False
              ) -> tuple[np.ndarray, ...]:
-        meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
-                                 context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only)
+        meta = self.metadata(arrays, decode_only)
         num_seqs = arrays["tables"].shape[0]
         num_rows = bucket(len(rows), powers_of_two(num_seqs, len(rows)))  # = num_seqs unless n>1 forks overflow
         sbatch, sample_entry = _sampling_arrays(rows, num_rows)
         results, self.pool = self._counted(
             _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
-            sample_entry, sbatch, jnp.asarray(top_logprobs), self.router_state, config=self.config,
+            sample_entry, sbatch, np.bool_(top_logprobs), self.router_state, config=self.config,
             attention_impl=self.attention_impl, quant=self.quant)
         return tuple(r[: len(rows)] for r in jax.device_get(results))
+
+    def metadata(self, arrays: dict, decode_only: bool = False) -> AttentionMetadata:
+        """The step's attention metadata; checks the multi-token-entry cap the attention relies on."""
+        if self.max_chunks is not None and not decode_only:
+            chunks = int(np.count_nonzero(np.diff(arrays["cu"]) > 1))
+            if chunks > self.max_chunks:  # the scheduler keeps this; a bypassing caller would get wrong attention
+                raise RuntimeError(f"{chunks} sequences with more than one token in one step exceed "
+                                   f"max_num_partial_prefills={self.max_chunks}")
+        return AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
+                                 context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only,
+                                 max_chunks=self.max_chunks)
 
     def warmup(self) -> int:
         """Compiles and runs every bucket's program once (the pool is not written).
@@ -170,7 +184,7 @@ def _copy(kv_pool, src, dst):
     return copy_blocks(kv_pool, src, dst)
 
 
-def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, jax.Array]:
+def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, np.ndarray]:
     tokens = np.zeros(num_tokens, np.int32)
     positions = np.zeros(num_tokens, np.int32)
     slots = np.full(num_tokens, -1, np.int32)
@@ -190,15 +204,16 @@ def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, 
         cu[b + 1] = t
         last[b] = t - 1
     cu[len(entries) + 1:] = t
-    return {k: jnp.asarray(v) for k, v in dict(tokens=tokens, positions=positions, slots=slots, tables=tables,
-                                                 context=context, cu=cu, last=last).items()}
+    # numpy, not jax, arrays: jit's C++ path transfers numpy arguments itself, while one
+    # jnp.asarray per array costs ~40 us of Python each (~0.5 ms a step for the 14 step inputs)
+    return dict(tokens=tokens, positions=positions, slots=slots, tables=tables, context=context, cu=cu, last=last)
 
 
-def _sampling_arrays(rows: list[SampleRow], num_rows: int) -> tuple[SamplingBatch, jax.Array]:
+def _sampling_arrays(rows: list[SampleRow], num_rows: int) -> tuple[SamplingBatch, np.ndarray]:
     def col(name, dtype, fill):
         a = np.full(num_rows, fill, dtype)
         a[: len(rows)] = [getattr(r, name) for r in rows]
-        return jnp.asarray(a)
+        return a  # numpy: see _pack
 
     sbatch = SamplingBatch(temperature=col("temperature", np.float32, 0.0), top_k=col("top_k", np.int32, 0),
                            top_p=col("top_p", np.float32, 1.0), seed=col("seed", np.uint32, 0),

@@ -5,7 +5,9 @@ Iteration-level scheduling in the style of vLLM v1. Every sequence has ``num_tok
 ``max_num_batched_tokens`` tokens, running sequences first (oldest first: decodes take one
 token, unfinished prefills a chunk), then waiting ones (preempted first, then by arrival)
 while ``max_num_seqs``, the token budget and free blocks allow. A long prompt is split over
-steps (chunked prefill). When a running sequence needs a block and none is free, the newest
+steps (chunked prefill); at most ``max_num_partial_prefills`` sequences run more than one token
+in a step (vLLM's knob of that name), which bounds the attention tiles a mixed step needs (see
+``ragged_paged_attention_online``). When a running sequence needs a block and none is free, the newest
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 queue, to be recomputed from prompt + outputs (prefix-cache hits make that cheap).
 
@@ -92,10 +94,12 @@ class Scheduler:
                  max_num_batched_tokens: int, max_model_len: int,
                  reservations: ContiguousReservations | None = None,
                  eos_token_id: int | None = None, enable_chunked_prefill: bool = True,
-                 num_lookahead_slots: int = 0):
+                 num_lookahead_slots: int = 0, max_num_partial_prefills: int | None = None):
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
                              f"{max_num_batched_tokens}, max_model_len={max_model_len} must be >= 1")
+        if max_num_partial_prefills is not None and max_num_partial_prefills < 1:
+            raise ValueError(f"max_num_partial_prefills={max_num_partial_prefills} must be >= 1 (or None: no cap)")
         if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
             raise ValueError(f"without chunked prefill max_num_batched_tokens="
                              f"{max_num_batched_tokens} must be >= max_model_len={max_model_len}")
@@ -107,6 +111,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.reservations = reservations  # None: paged (blocks on demand, nothing reserved)
         self.num_lookahead_slots = num_lookahead_slots
+        self.max_num_partial_prefills = max_num_partial_prefills or max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}  # unfinished only
@@ -163,10 +168,15 @@ class Scheduler:
         copies: list[tuple[int, int]] = []
         preempted: list[int] = []
 
+        chunks = 0  # entries with more than one token (prefill chunks, recomputes)
         i = 0
         while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            if n > 1 and chunks == self.max_num_partial_prefills:
+                i += 1  # its chunk waits a step; the decodes behind it still run
+                continue
+            chunks += n > 1
             look = self._lookahead(seq, n, budget)
             cow = self._append_or_preempt(seq, n + look, preempted)
             if cow is None:  # seq preempted itself: nothing newer is left to schedule
@@ -179,7 +189,7 @@ class Scheduler:
         # Admitting new work right after a preemption would just thrash (unless nothing runs).
         if not preempted or not scheduled:
             reserved = sum(self._seats(s) for s in self.running)
-            while self.waiting and budget > 0:
+            while self.waiting and budget > 0 and chunks < self.max_num_partial_prefills:
                 seq = self.waiting[0]
                 if reserved + self._seats(seq) > self.max_num_seqs:
                     break
@@ -193,6 +203,7 @@ class Scheduler:
                 scheduled.append((seq, n, 0))
                 budget -= n
                 reserved += self._seats(seq)
+                chunks += n > 1
 
         out = SchedulerOutput([self._entry(s, n, look) for s, n, look in scheduled], copies, preempted,
                               self.max_num_batched_tokens - budget)

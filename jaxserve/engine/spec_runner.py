@@ -33,7 +33,8 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.engine.runner import ModelRunner, SampleRow, _pack, _sampling_arrays
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
+from jaxserve.models.attention import k_tokens_minor, resolve_impl
+from jaxserve.models.loading import to_device
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.config import SpeculativeConfig
@@ -56,6 +57,7 @@ class Proposer:
 
 class SpecRunner:
     def __init__(self, runner: ModelRunner, spec: SpeculativeConfig, proposer: Proposer, max_model_len: int):
+        proposer = dataclasses.replace(proposer, params=to_device(proposer.params))  # as ModelRunner's params
         self.runner, self.spec, self.proposer = runner, spec, proposer
         self.gamma = spec.gamma
         bs = runner.block_size
@@ -64,7 +66,7 @@ class SpecRunner:
             self.page_buckets = [max_pages]
         else:
             self.page_buckets = powers_of_two(min(max(1, 128 // bs), max_pages), max_pages)
-        self.seq_buckets = powers_of_two(min(4, runner.max_num_seqs), runner.max_num_seqs)
+        self.seq_buckets = powers_of_two(1, runner.max_num_seqs)  # 1 and 2 too: speculation pays at low load
         self.draft_pool: KVPool = []
         if proposer.method == "draft_model":
             c = proposer.config
@@ -125,8 +127,7 @@ class SpecRunner:
                           e.sampling_params.top_p, seeds[e.request_id], e.context_len)
                 for i, e in enumerate(entries) if e.sample for j in range(e.num_samples)]
         sbatch, sample_entry = _sampling_arrays(rows, bucket(len(rows), powers_of_two(r.max_num_seqs, len(rows))))
-        meta = AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
-                                 context_lens=arrays["context"], cu_q_lens=arrays["cu"])
+        meta = r.metadata(arrays)
         toks, hidden, r.pool, self.draft_pool = self._counted(
             _fill_program, r.params, self.proposer.params, r.pool, self.draft_pool, arrays["tokens"],
             arrays["positions"], meta, arrays["last"], sample_entry, sbatch, **self._static)

@@ -28,6 +28,9 @@ class AttentionMetadata:
     # every sequence has exactly this many new tokens (T == B * uniform_q_len): lets the XLA
     # reference gather each sequence's pages once instead of once per query token
     uniform_q_len: int | None = struct.field(pytree_node=False, default=None)
+    # at most this many sequences have more than one new token (the scheduler's max_num_partial_prefills):
+    # lets the XLA path run single-token rows through its decode body and build fewer query tiles
+    max_chunks: int | None = struct.field(pytree_node=False, default=None)
 
 
 def resolve_impl(impl: str) -> str:
@@ -56,8 +59,10 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if impl != "pallas" and meta.uniform_q_len is not None:
         fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len)
-    fn = {"reference": pa.ragged_paged_attention_reference, "xla": pa.ragged_paged_attention_online,
-          "pallas": pa.ragged_paged_attention}[impl]
+    if impl == "xla":
+        return pa.ragged_paged_attention_online(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
+                                                meta.cu_q_lens, max_chunks=meta.max_chunks)
+    fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention}[impl]
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
 
 

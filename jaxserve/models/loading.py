@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
+import jax.numpy as jnp
+
 from jaxserve.checkpoint import is_checkpoint, load_model
 from jaxserve.models.hf import load_hf
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
@@ -29,8 +32,6 @@ def resolve_model(model: str, dtype: str | None = None):
     if is_checkpoint(path):
         config, params = load_model(path)
         if dtype is not None and dtype != config.dtype:
-            import jax
-            import jax.numpy as jnp
             config = config.replace(dtype=dtype)
             params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
     elif (path / "config.json").is_file():
@@ -39,4 +40,11 @@ def resolve_model(model: str, dtype: str | None = None):
         raise ValueError(f"model {model!r} is not a zoo name ('{ZOO_PREFIX}<name>'), a jaxserve checkpoint "
                          "directory or a local Hugging Face directory")
     tokenizer = load_tokenizer(path) if (path / TOKENIZER_FILE).is_file() else None
-    return config, params, tokenizer
+    return config, to_device(params), tokenizer
+
+
+def to_device(params):
+    """Params as device arrays. Orbax restores numpy arrays, and a jitted call copies every numpy
+    argument to the device on every call: for tiny-code (26 MB) ~6 ms per engine step, more
+    than the batch-1 decode step itself (~1.4 ms). A no-op for arrays already on the device."""
+    return jax.device_put(params)

@@ -44,6 +44,29 @@ def test_memory_pressure_preempts_and_gives_identical_outputs(llm):
     assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
+@pytest.mark.parametrize("cap", [1, 8])  # 1: one chunk per step; 8 (= the seats): never binding
+def test_partial_prefill_cap_gives_identical_outputs(llm, cap):
+    """The XLA path runs single-token rows through its decode body when the cap is set; the logprobs
+    match the all-tiles path's (the cap's default is 8, so ``llm`` itself runs with it)."""
+    ps = prompts(4, n=8)
+    sp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
+    want = llm.generate(ps, sp, use_tqdm=False)
+    got = make_llm(max_num_partial_prefills=cap, attention_impl="reference").generate(ps, sp, use_tqdm=False)
+    assert tokens(got) == tokens(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.outputs[0].logprobs, b.outputs[0].logprobs, atol=2e-5)
+
+
+def test_runner_rejects_steps_over_the_partial_prefill_cap(llm):
+    from jaxserve.engine.runner import _pack
+    from jaxserve.engine.scheduler import ScheduledSequence
+    chunks = [ScheduledSequence(seq_id=i, request_id=str(i), index=0, token_ids=[1, 2], start_pos=0, block_table=[i],
+                                slot_mapping=[4 * i, 4 * i + 1], sample=False, num_samples=0, sampling_params=None)
+              for i in range(9)]
+    with pytest.raises(RuntimeError, match="9 sequences with more than one token .* max_num_partial_prefills=8"):
+        llm.engine.runner.metadata(_pack(chunks, 32, 16, 4))
+
+
 def test_greedy_equals_uncached_forward(llm):
     ps = prompts(2, n=3)
     outs = llm.generate(ps, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True),

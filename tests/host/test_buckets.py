@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from jaxserve.engine.buckets import bucket, half_octaves, powers_of_two
+from jaxserve.engine.buckets import bucket, decode_batch_buckets, half_octaves, powers_of_two
 
 
 @given(lo=st.integers(1, 64), hi=st.integers(1, 4096))
@@ -22,3 +22,10 @@ def test_half_octaves_of_the_default_batch_range():
 def test_too_large_is_refused():
     with pytest.raises(ValueError, match="65 exceeds the largest bucket 64"):
         bucket(65, half_octaves(8, 64))
+
+
+def test_decode_batch_buckets_start_at_one():
+    assert decode_batch_buckets(64) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+    assert decode_batch_buckets(4) == [1, 2, 4]
+    assert decode_batch_buckets(3) == [1, 2, 3]
+    assert decode_batch_buckets(1) == [1]

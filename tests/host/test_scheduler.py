@@ -58,6 +58,29 @@ def test_steps_respect_budget_seats_and_slot_layout():
     assert sched.bm.num_used == 0
 
 
+@pytest.mark.parametrize("cap", [1, 2])
+def test_partial_prefill_cap_bounds_chunks_per_step_and_changes_no_output(cap):
+    reqs = random_workload(3)
+
+    def run(**kw):
+        chunks_per_step = []
+        sched = make_scheduler(num_blocks=400, max_num_seqs=16, max_num_batched_tokens=64, **kw)
+        got = run_to_completion(sched, reqs, on_step=lambda out, res: chunks_per_step.append(
+            sum(len(e.token_ids) > 1 for e in out.scheduled)))
+        assert sched.bm.num_used == 0
+        return got, max(chunks_per_step)
+
+    reference, uncapped = run()
+    got, capped = run(max_num_partial_prefills=cap)
+    assert got == reference
+    assert capped == cap < uncapped  # the cap was binding
+
+
+def test_partial_prefill_cap_must_be_positive():
+    with pytest.raises(ValueError, match="max_num_partial_prefills=0 must be >= 1"):
+        make_scheduler(num_blocks=8, max_num_partial_prefills=0)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_outputs_identical_under_memory_pressure(seed):
     reqs = random_workload(seed)

@@ -71,7 +71,8 @@ def test_pages_past_the_longest_sequence_are_never_read(decode_case):
     ([5, 0, 3], [12, 0, 3], 16, None),          # an empty sequence; tiles larger than any chunk
     ([6, 2], [25, 14], 4, 5),                   # sliding window
 ])
-def test_ragged_equals_reference(q_lens, contexts, tile, window):
+@pytest.mark.parametrize("max_chunks", [None, 2])  # every case has <= 2 multi-token sequences
+def test_ragged_equals_reference(q_lens, contexts, tile, window, max_chunks):
     rng = np.random.default_rng(len(q_lens))
     pages, page, kv_heads, heads, dim, per_seq = 48, 4, 2, 4, 8, 12
     k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
@@ -84,6 +85,6 @@ def test_ragged_equals_reference(q_lens, contexts, tile, window):
     context = jnp.asarray(contexts, jnp.int32)
     want = ragged_paged_attention_reference(q, k, v, tables, context, cu, sliding_window=window)
     got = ragged_paged_attention_online(q, tokens_minor(k), v, tables, context, cu, tile=tile, pages_per_step=2,
-                                        sliding_window=window)
+                                        sliding_window=window, max_chunks=max_chunks)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(got[total:], 0)

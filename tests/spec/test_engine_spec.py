@@ -90,9 +90,13 @@ def test_greedy_engine_speculation_equals_target_greedy(models, prompts, oracle)
     assert s["spec_rounds"] > 0 and len(s["spec_per_position_acceptance"]) == GAMMA
     assert s["spec_generated"] == len(prompts) * MAX_TOKENS
     assert s["spec_compilations"] <= s["spec_buckets"]
-    before = s["spec_compilations"]  # a new workload in the same buckets compiles nothing
-    llm.generate([p[:5] for p in prompts[:3]], SamplingParams(max_tokens=7, temperature=0.5, seed=1), use_tqdm=False)
-    assert llm.stats()["spec_compilations"] == before
+    # another workload may reach the small batch buckets (1, 2) as it drains; run twice, it compiles
+    # only the first time, and never past one program per bucket
+    other = ([p[:5] for p in prompts[:3]], SamplingParams(max_tokens=7, temperature=0.5, seed=1))
+    llm.generate(*other, use_tqdm=False)
+    before = llm.stats()["spec_compilations"]
+    llm.generate(*other, use_tqdm=False)
+    assert llm.stats()["spec_compilations"] == before <= s["spec_buckets"]
 
 
 def test_parallel_samples_and_prefix_cache_hits_keep_greedy_exact(models, prompts):
