@@ -81,7 +81,7 @@ def run(cfg, out):
     out.text(f"Target {cfg.target}; draft {cfg.draft}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
-             f"{cfg.engine_max_tokens}), median of {cfg.repeats} timed calls.\n\n"
+             f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls.\n\n"
              "α = accepted / reached (Leviathan's per-token α); vLLM rate = accepted / drafted; length = 1 + "
              "accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target forward passes (prefill "
              "included) per generated token; speedup = tokens/s over target-only decoding of the same prompts "
