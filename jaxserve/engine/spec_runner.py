@@ -184,14 +184,12 @@ class SpecRunner:
                 history[i, :pos + 1] = seq.token_slice(0, pos + 1)
             if hidden is not None:
                 hidden[i] = self._medusa_state(seq)
-        sampling = SamplingBatch(temperature=jnp.asarray(cols["temperature"]), top_k=jnp.asarray(cols["top_k"]),
-                                 top_p=jnp.asarray(top_p), seed=jnp.asarray(cols["seed"]),
-                                 index=jnp.asarray(cols["index"]), position=jnp.zeros(b, jnp.int32))
-        inputs = RoundInputs(block_tables=jnp.asarray(tables), positions=jnp.asarray(cols["positions"]),
-                             prev_tokens=jnp.asarray(cols["prev"]), last_tokens=jnp.asarray(cols["last"]),
-                             active=jnp.asarray(np.arange(b) < len(entries)), sampling=sampling)
-        return inputs, (jnp.asarray(history) if history is not None else
-                        jnp.asarray(hidden) if hidden is not None else None)
+        # numpy leaves: jit moves them itself, cheaper than a jnp.asarray each (runner._pack)
+        sampling = SamplingBatch(temperature=cols["temperature"], top_k=cols["top_k"], top_p=top_p,
+                                 seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
+        inputs = RoundInputs(block_tables=tables, positions=cols["positions"], prev_tokens=cols["prev"],
+                             last_tokens=cols["last"], active=np.arange(b) < len(entries), sampling=sampling)
+        return inputs, history if history is not None else hidden
 
     def _medusa_state(self, seq) -> np.ndarray:
         """The sequence's hidden; a forked sample starts from its request's prompt hidden (same position)."""
