@@ -25,9 +25,9 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, decode_batch_buckets, powers_of_two
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
+from jaxserve.models.loading import to_device
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
-from jaxserve.models.loading import to_device
 from jaxserve.sampling import SamplingBatch, sample
 
 
