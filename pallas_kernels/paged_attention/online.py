@@ -152,20 +152,21 @@ def ragged_paged_attention_online(q, kt_pages, v_pages, block_tables, context_le
     kw = dict(sm_scale=sm_scale, soft_cap=soft_cap, sliding_window=sliding_window, pages_per_step=pages_per_step)
     if max_chunks is None:
         return _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, valid,
-                      -(-t // tile) + num_seqs, tile, **kw)
+                      jnp.ones(num_seqs, bool), -(-t // tile) + num_seqs, tile, **kw)
     single = (cu_q_lens[1:] - cu_q_lens[:-1]) == 1  # [B]
     last_rows = jnp.clip(cu_q_lens[1:] - 1, 0, t - 1)
     decoded = paged_attention_online(q[last_rows], kt_pages, v_pages, block_tables,
                                      jnp.where(single, context_lens, 0), **kw)  # [B, H, D]
-    tiled = _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, valid & ~single[seq],
+    tiled = _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, valid, ~single,
                    -(-t // tile) + min(max_chunks, num_seqs), tile, **kw)
     return jnp.where((valid & single[seq])[:, None, None], decoded[seq], tiled)
 
 
-def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, in_tiles, num_tiles, tile, *,
+def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, valid, tiled_seqs, num_tiles, tile, *,
            sm_scale, soft_cap, sliding_window, pages_per_step):
-    """The tiled body of ``ragged_paged_attention_online`` for the rows ``in_tiles`` bool[T] (row t of
-    sequence ``seq[t]``); ``num_tiles`` must cover them. Other rows get zeros."""
+    """The tiled body of ``ragged_paged_attention_online`` for the valid rows (bool[T]; row t belongs
+    to sequence ``seq[t]``) of the sequences ``tiled_seqs`` bool[B]; ``num_tiles`` must cover them.
+    Other rows get zeros."""
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     t, h, d = q.shape
     num_seqs, m = block_tables.shape
@@ -176,8 +177,8 @@ def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, in_
 
     rows = jnp.arange(t)
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
-    tiled_seq = jnp.zeros(num_seqs, jnp.int32).at[seq].max(in_tiles.astype(jnp.int32)) > 0  # seqs with tiled rows
-    seq_tiles = jnp.where(tiled_seq, -(-q_lens // tile), 0)
+    in_tiles = valid & tiled_seqs[seq]
+    seq_tiles = jnp.where(tiled_seqs, -(-q_lens // tile), 0)
     first_tile = jnp.cumsum(seq_tiles) - seq_tiles  # exclusive prefix sum, [B]
     local = rows - cu_q_lens[seq]
     tile_id = jnp.where(in_tiles, first_tile[seq] + local // tile, num_tiles)  # other rows fall off the end
