@@ -63,6 +63,9 @@ class DataConfig:
     seq_len: int = 256  # tokens per training window (the model sees seq_len, predicts seq_len)
     max_train_tokens: int = 0  # 0: the whole training split (tests use a few hundred)
     max_val_tokens: int = 0  # 0: the whole validation split
+    # .npy of windows i32[W, seq_len + 1] to train on instead of the corpus's training split (e.g. the
+    # teacher's own continuations from ``python -m jaxserve.train.onpolicy``); validation stays the corpus's
+    train_windows: str = ""
 
     def __post_init__(self):
         _require(self.seq_len > 0, f"DataConfig.seq_len must be > 0, got {self.seq_len}")

@@ -15,6 +15,7 @@ import sys
 import time
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
@@ -71,7 +72,8 @@ def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool =
     tok = prepare_tokenizer(rc, out_dir)
     rc = dataclasses.replace(rc, model=dataclasses.replace(rc.model, eos_token_id=tok.eos_token_id))
     (out_dir / "run_config.json").write_text(json.dumps(dataclasses.asdict(rc), indent=2))
-    train_w = windows(encode_split(tok, rc.data.corpus, "train", rc.data.max_train_tokens), rc.data.seq_len)
+    train_w = load_windows(rc) if rc.data.train_windows else windows(
+        encode_split(tok, rc.data.corpus, "train", rc.data.max_train_tokens), rc.data.seq_len)
     val_w = windows(encode_split(tok, rc.data.corpus, "val", rc.data.max_val_tokens), rc.data.seq_len)
     val_w = val_w[:tc.eval_windows] if tc.eval_windows else val_w
 
@@ -155,7 +157,24 @@ def _validate(params, router_state, config, val_w) -> dict:
     return out
 
 
+def load_windows(rc: TrainRunConfig) -> np.ndarray:
+    """``data.train_windows`` as i32[W, seq_len + 1], checked against the run's seq_len and vocabulary."""
+    path = rc.data.train_windows
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"data.train_windows file {path} does not exist")
+    w = np.load(path)
+    if w.ndim != 2 or w.shape[1] != rc.data.seq_len + 1 or len(w) < 1 or not np.issubdtype(w.dtype, np.integer):
+        raise ValueError(f"data.train_windows={path} must hold integer windows [W, seq_len + 1 = "
+                         f"{rc.data.seq_len + 1}], got {w.dtype}{list(w.shape)}")
+    if w.min() < 0 or w.max() >= rc.model.vocab_size:
+        raise ValueError(f"data.train_windows={path} has token ids {w.min()}..{w.max()} outside "
+                         f"[0, {rc.model.vocab_size})")
+    return w.astype(np.int32)
+
+
 def _check_inputs(rc: TrainRunConfig) -> None:
+    if rc.data.train_windows:
+        load_windows(rc)
     if rc.data.corpus and not pathlib.Path(rc.data.corpus).is_file():
         raise FileNotFoundError(f"corpus file {rc.data.corpus} does not exist")
     if rc.data.tokenizer and not pathlib.Path(rc.data.tokenizer).exists():

@@ -167,6 +167,13 @@ def card_figure(card_text: str, key: str) -> float:
     return float(m.group(1))
 
 
+def _data_phrase(data: dict, tokens: int, split_tokens: int) -> str:
+    if data.get("train_windows"):
+        return (f"windows from `{data['train_windows']}`, written by `python -m jaxserve.train.onpolicy`: "
+                "training-split prompts continued by the teacher, not corpus text")
+    return f"about {tokens / split_tokens:.2f} epochs of the {split_tokens:,}-token training split"
+
+
 def render_card(name: str, description: str, ev: dict) -> str:
     """MODEL_CARD.md text for zoo model ``name`` from its files and the measurements ``ev``."""
     path = zoo_path(name)
@@ -223,11 +230,10 @@ def render_card(name: str, description: str, ev: dict) -> str:
         f"`python -m jaxserve.train model={name} train.out_dir=runs/{name} ...` (full config in "
         "`train_info.json`): AdamW (b1 {b1}, b2 {b2}, weight decay {wd} on matrices), linear warm-up "
         "{wu} steps then cosine to {mlr:.0%} of peak lr {lr}, gradient clipping at {gc}, batch {bs} x {sl} "
-        "tokens, {steps} steps = {tok:,} training tokens (about {ep:.2f} epochs of the "
-        "{ntrain:,}-token training split), seed {seed}.".format(
+        "tokens, {steps} steps = {tok:,} training tokens ({data}), seed {seed}.".format(
             b1=tr["b1"], b2=tr["b2"], wd=tr["weight_decay"], wu=tr["warmup_steps"], mlr=tr["min_lr_ratio"],
             lr=tr["lr"], gc=tr["grad_clip"], bs=tr["batch_size"], sl=rc["data"]["seq_len"], steps=tr["steps"],
-            tok=last["tokens"], ep=last["tokens"] / ev["train_tokens"], ntrain=ev["train_tokens"], seed=tr["seed"]),
+            tok=last["tokens"], data=_data_phrase(rc["data"], last["tokens"], ev["train_tokens"]), seed=tr["seed"]),
         f"Final training loss {last['loss']:.3f}; wall-clock {last['elapsed_s'] / 60:.0f} min on a shared 2-core "
         "CPU (alongside other jobs).", "",
     ]
@@ -251,7 +257,9 @@ def render_card(name: str, description: str, ev: dict) -> str:
     lines += ["![training curve](training_curve.png)", "",
               "## Limitations", "",
               "A research fixture, not a useful code model: trained for about an hour on a shared CPU, on "
-              f"{last['tokens'] / ev['train_tokens']:.2f} epochs of a 2.4M-token corpus, it has picked up Python's "
+              + ("a 2.4M-token corpus and its teacher's continuations" if rc["data"].get("train_windows") else
+                 f"{last['tokens'] / ev['train_tokens']:.2f} epochs of a 2.4M-token corpus")
+              + ", it has picked up Python's "
               "indentation, keywords and common identifiers, not semantics, and greedy decoding soon repeats "
               "itself. Context is "
               f"{rc['data']['seq_len']} tokens in training (`max_position_embeddings` "
