@@ -26,7 +26,7 @@ DESCRIPTIONS = {
     "tiny-code-draft": "The draft model for speculative decoding with tiny-code: same tokenizer and data, "
                        "a forward pass meant to cost at most 1/8 of tiny-code's in wall time on CPU (measured ratios "
                        "below; two 32-wide attention heads rather than four 16-wide ones for that), distilled from "
-                       "tiny-code.",
+                       "tiny-code, last on tiny-code's own continuations (on-policy data, as in DistillSpec).",
     "tiny-code-moe": "A small mixture-of-experts model (8 routed experts, top-2, one shared expert) for the MoE "
                      "and expert-parallel demos, trained with auxiliary-loss-free load balancing on the same "
                      "corpus and tokenizer.",
