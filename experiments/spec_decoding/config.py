@@ -24,7 +24,8 @@ class SpecDecodingConfig:
     prompt_len: int = 64              # prompts: windows of the pycode val split (random ids for presets)
     max_tokens: int = 64
     ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work
-    repeats: int = 3                  # timed calls per point (the fastest is kept); one more untimed compiles
+    repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the
+                                      # fastest of each is kept); one more untimed of each compiles
     block_size: int = 16
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")

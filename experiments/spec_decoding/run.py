@@ -5,7 +5,7 @@
 Three proposers (a draft model, n-gram prompt lookup, Medusa heads) on two paths: the jitted
 while-loop generators (``jaxserve.spec.generate``: the whole batch in one program) and the engine
 (``LLM.generate`` with ``SpeculativeConfig``: one round per continuous-batching step). Each point
-is timed against target-only decoding of the same prompts in the same run.
+is timed against target-only decoding of the same prompts, alternating with it call by call.
 
 Full run (the Medusa heads belong to one target: retrain them whenever the zoo target changes)::
 
@@ -81,11 +81,12 @@ def run(cfg, out):
     out.text(f"Target {cfg.target}; draft {cfg.draft}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
-             f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls.\n\n"
+             f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
+             "with as many of its own baseline (so drift in the machine's speed hits both alike).\n\n"
              "α = accepted / reached (Leviathan's per-token α); vLLM rate = accepted / drafted; length = 1 + "
              "accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target forward passes (prefill "
              "included) per generated token; speedup = tokens/s over target-only decoding of the same prompts "
-             "in the same run (the engine path: over a plain engine).")
+             "timed alongside (the engine path: over a plain engine); base tok/s is that point's baseline.")
     points = [(m, b, t) for m in cfg.methods for b in cfg.batches for t in cfg.temperatures]
     rows = {m: [] for m in cfg.methods}
     for method, batch, temperature in out.progress(points, desc="generate points"):

@@ -1,9 +1,12 @@
 """Measuring speculative decoding against the target-only baseline in the same process.
 
 Each point compiles its program with one untimed call, then times ``repeats`` calls (to
-``block_until_ready``) and keeps the fastest: on a shared CPU, interference only ever slows a call
-down (batch-1 points, ~60-90 ms each, moved by +-30% between calls), and baseline and speculative
-runs get the same estimator. Acceptance figures come from the last timed call.
+``block_until_ready``) of the speculative program and as many of the baseline, alternating, and
+keeps the fastest of each: on a shared CPU, interference only ever slows a call down (batch-1
+points, ~60-90 ms each, moved by +-30% between calls), and the machine's speed drifts by ~15%
+within half an hour, so each speculative row is compared with a baseline timed in the same
+minute, not with one taken at the start of the sweep. Acceptance figures come from the last
+timed call.
 ``measure_point`` times the jitted while-loop generators; ``measure_engine_point`` the engine
 (``LLM.generate`` under continuous batching, one round per step) against a plain engine.
 """
@@ -18,14 +21,19 @@ from jaxserve.spec.generate import medusa_generate, ngram_generate, speculative_
 from jaxserve.spec.metrics import expected_acceptance_length, summarize
 
 
-def _timed(call, repeats: int):
-    jax.block_until_ready(call())  # compile + warm
-    times, out = [], None
+def _interleaved(calls: dict, repeats: int, after_warmup=None) -> dict:
+    """name -> (fastest seconds, output of its last call): each call once untimed (compile + warm),
+    then ``after_warmup()`` if given, then ``repeats`` rounds that time every call once, in turn."""
+    out = {name: jax.block_until_ready(call()) for name, call in calls.items()}
+    if after_warmup is not None:
+        after_warmup()
+    times = {name: [] for name in calls}
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(call())
-        times.append(time.perf_counter() - start)
-    return min(times), out
+        for name, call in calls.items():
+            start = time.perf_counter()
+            out[name] = jax.block_until_ready(call())
+            times[name].append(time.perf_counter() - start)
+    return {name: (min(times[name]), out[name]) for name in calls}
 
 
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
@@ -42,8 +50,7 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     b = len(prompts)
     common = dict(max_tokens=max_tokens, temperature=temperature, seeds=np.arange(b) + seed,
                   eos_token_id=eos_token_id, block_size=block_size)
-    base_s, (_, base_n, _) = _timed(lambda: target_only_generate(tparams, tcfg, prompts, lens, **common), repeats)
-    base_tps = int(np.sum(base_n)) / base_s
+    baseline = lambda: target_only_generate(tparams, tcfg, prompts, lens, **common)  # noqa: E731
     rows = []
     for gamma in gammas:
         if method == "ngram":
@@ -54,10 +61,10 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
         else:
             call = lambda: speculative_generate(tparams, tcfg, dparams, dcfg, prompts, lens,  # noqa: E731
                                                 gamma=gamma, **common)
-        spec_s, (_, n, metrics) = _timed(call, repeats)
-        s = summarize(metrics)
-        rows.append(_row("generate", method, b, temperature, gamma, s, int(np.sum(n)) / spec_s, spec_s,
-                         base_tps, base_s))
+        timed = _interleaved({"base": baseline, "spec": call}, repeats)
+        (base_s, (_, base_n, _)), (spec_s, (_, n, metrics)) = timed["base"], timed["spec"]
+        rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), int(np.sum(n)) / spec_s,
+                         spec_s, int(np.sum(base_n)) / base_s, base_s))
     return rows
 
 
@@ -70,16 +77,9 @@ def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, bas
             "baseline_seconds": base_seconds, "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps}
 
 
-def _engine_seconds(llm, prompts, params, repeats: int):
-    llm.generate(prompts, params, use_tqdm=False)  # compile + warm
-    if llm.engine.spec_runner is not None:
-        llm.engine.spec_runner.reset_metrics()  # acceptance over the timed calls only
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        times.append(time.perf_counter() - start)
-    return min(times), sum(len(o.outputs[0].token_ids) for o in outs)
+def _engine_call(llm, prompts, params):
+    """A call for ``_interleaved`` that returns the number of tokens generated."""
+    return lambda: sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
 
 
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
@@ -95,13 +95,15 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
               for i in range(len(prompts))]
     kw = {"max_num_seqs": len(prompts), **engine_kwargs}
-    base_s, base_n = _engine_seconds(LLM.from_params(tcfg, tparams, **kw), prompts, params, repeats)
+    baseline = _engine_call(LLM.from_params(tcfg, tparams, **kw), prompts, params)
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
             spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma)
             llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
-            spec_s, n = _engine_seconds(llm, prompts, params, repeats)
+            timed = _interleaved({"base": baseline, "spec": _engine_call(llm, prompts, params)}, repeats,
+                                 after_warmup=llm.engine.spec_runner.reset_metrics)  # acceptance: timed calls only
+            (base_s, base_n), (spec_s, n) = timed["base"], timed["spec"]
             st = llm.stats()
             s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
             rows.append(_row("engine", method, len(prompts), temperature, gamma, s, n / spec_s, spec_s,
