@@ -162,7 +162,10 @@ def load_windows(rc: TrainRunConfig) -> np.ndarray:
     path = rc.data.train_windows
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"data.train_windows file {path} does not exist")
-    w = np.load(path)
+    try:
+        w = np.load(path)
+    except (ValueError, OSError) as e:  # not an .npy file, or pickled objects (refused)
+        raise ValueError(f"data.train_windows={path} is not a readable .npy array: {e}") from None
     if w.ndim != 2 or w.shape[1] != rc.data.seq_len + 1 or len(w) < 1 or not np.issubdtype(w.dtype, np.integer):
         raise ValueError(f"data.train_windows={path} must hold integer windows [W, seq_len + 1 = "
                          f"{rc.data.seq_len + 1}], got {w.dtype}{list(w.shape)}")

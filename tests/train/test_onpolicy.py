@@ -81,9 +81,12 @@ def test_bad_train_windows_raise_before_writing(tiny_run, onpolicy, tmp_path):
     cases = [(tmp_path / "missing.npy", None, FileNotFoundError, "missing.npy does not exist"),
              (tmp_path / "short.npy", w[:, :-1], ValueError, r"windows \[W, seq_len \+ 1 = 17\]"),
              (tmp_path / "ids.npy", w + tiny_run.model.vocab_size, ValueError, "outside"),
-             (tmp_path / "float.npy", w.astype(np.float32), ValueError, "integer windows")]
+             (tmp_path / "float.npy", w.astype(np.float32), ValueError, "integer windows"),
+             (tmp_path / "text.npy", b"not numpy", ValueError, "not a readable .npy array")]
     for path, data, error, match in cases:
-        if data is not None:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        elif data is not None:
             np.save(path, data)
         bad = dataclasses.replace(rc, data=dataclasses.replace(rc.data, train_windows=str(path), seq_len=SEQ))
         with pytest.raises(error, match=match):
