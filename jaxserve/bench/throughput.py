@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--hf-max-batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "draft_model", "draft_model": '
+                        '"jaxserve/tiny-code-draft", "num_speculative_tokens": 3}\' (jaxserve backend)')
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("overrides", nargs="*", help="engine overrides, e.g. engine.max_num_seqs=64")
     return p
@@ -41,23 +44,31 @@ def _load(model: str, seed: int):
     from jaxserve.models.loading import resolve_model
     if model.startswith("random:"):
         config = get_preset(model.split(":", 1)[1])
-        return config, init_params(config, jax.random.key(seed))
-    config, params, _ = resolve_model(model)
-    return config, params
+        return config, init_params(config, jax.random.key(seed)), None
+    return resolve_model(model)  # (config, params, tokenizer): a draft model is checked against the tokenizer
 
 
-def run_jaxserve(config, params, requests, max_model_len, overrides) -> dict:
+def run_jaxserve(config, params, requests, max_model_len, overrides, speculative=None, warmup_requests=(),
+                 tokenizer=None) -> dict:
     from jaxserve import LLM, SamplingParams
     from jaxserve.cli import _engine_from_overrides
     engine = {**_engine_from_overrides(overrides), "max_model_len": max_model_len}
-    llm = LLM.from_params(config, params, **engine)
+    llm = LLM.from_params(config, params, tokenizer, speculative=speculative, **engine)
     sps = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in requests]
     # Warm-up compiles every shape bucket, so the timed run measures serving, not compilation;
-    # compilations after warm-up are reported (and should be 0).
+    # compilations after warm-up are reported (and should be 0). The speculative engine runs its own
+    # programs, compiled on first use: there a workload of the same shape but other prompts (no
+    # prefix-cache hits) runs untimed instead, and what it missed shows in compilations_after_warmup.
     warm_start = time.perf_counter()
-    llm.warmup()
+    if speculative is None:
+        llm.warmup()
+    elif warmup_requests:
+        llm.generate([r.prompt_token_ids for r in warmup_requests],
+                     [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in warmup_requests],
+                     use_tqdm=False)
+        llm.engine.spec_runner.reset_metrics()
     warmup_s = time.perf_counter() - warm_start
-    compiles_before = llm.stats()["compilations"]
+    compiles_before = _compilations(llm.stats())
     engine_ = llm.engine
     for r, sp in zip(requests, sps):
         engine_.add_request(r.prompt_token_ids, sp)
@@ -69,10 +80,16 @@ def run_jaxserve(config, params, requests, max_model_len, overrides) -> dict:
         peak_used = max(peak_used, engine_.block_manager.num_used)
     elapsed = time.perf_counter() - start
     stats = llm.stats()
-    return {"elapsed_s": elapsed, "warmup_s": warmup_s, "steps": steps, "kv_blocks_total": stats["kv_blocks_total"],
+    spec = {k: v for k, v in stats.items() if k.startswith("spec_")}
+    return {"elapsed_s": elapsed, "warmup_s": warmup_s, "steps": steps, **spec,
+            "kv_blocks_total": stats["kv_blocks_total"],
             "kv_peak_utilisation": peak_used / stats["kv_blocks_total"], "preemptions": stats["num_preemptions"],
-            "compilations_total": stats["compilations"], "compilations_after_warmup": stats["compilations"] - compiles_before,
+            "compilations_total": _compilations(stats), "compilations_after_warmup": _compilations(stats) - compiles_before,
             "buckets": stats["buckets"], "engine": {k: v for k, v in engine.items()}}
+
+
+def _compilations(stats: dict) -> int:
+    return stats["compilations"] + stats.get("spec_compilations", 0)
 
 
 def run_hf(config, params, requests, max_batch_size) -> dict:
@@ -103,16 +120,25 @@ def run_hf(config, params, requests, max_batch_size) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    config, params = _load(args.model, args.seed)
+    config, params, tokenizer = _load(args.model, args.seed)
     requests = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed,
                              input_len=tuple(args.input_len), output_len=tuple(args.output_len))
+    speculative = None
+    if args.speculative_config is not None:
+        from jaxserve.spec.config import SpeculativeConfig
+        if args.backend != "jaxserve":
+            raise ValueError("--speculative-config is for the jaxserve backend")
+        speculative = SpeculativeConfig.from_json(args.speculative_config)
     if args.backend == "jaxserve":
-        result = run_jaxserve(config, params, requests, args.max_model_len, args.overrides)
+        warm = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed + 1,
+                             input_len=tuple(args.input_len), output_len=tuple(args.output_len)) if speculative else ()
+        result = run_jaxserve(config, params, requests, args.max_model_len, args.overrides, speculative, warm, tokenizer)
     else:
         result = run_hf(config, params, requests, args.hf_max_batch_size)
     out_tokens = sum(r.output_len for r in requests)
     result.update({
         "backend": args.backend, "model": args.model, "dataset": args.dataset, "num_prompts": len(requests),
+        "speculative_config": args.speculative_config,
         "input_tokens": sum(len(r.prompt_token_ids) for r in requests), "output_tokens": out_tokens,
         "requests_per_s": len(requests) / result["elapsed_s"], "output_tokens_per_s": out_tokens / result["elapsed_s"],
         "jax": jax.__version__, "machine": f"{platform.machine()} {jax.default_backend()}",

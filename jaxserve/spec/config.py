@@ -14,6 +14,7 @@ distribution is the target's whatever the method.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 METHODS = ("draft_model", "ngram", "medusa")
@@ -41,6 +42,22 @@ class SpeculativeConfig:
     @property
     def gamma(self) -> int:
         return self.num_speculative_tokens
+
+    @classmethod
+    def from_json(cls, text: str) -> "SpeculativeConfig":
+        """From a JSON object, as vLLM's ``--speculative-config``: ``'{"method": "ngram",
+        "num_speculative_tokens": 4}'``. Bad JSON or unknown keys raise ValueError naming them."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative config {text!r} is not valid JSON: {e}") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"speculative config must be a JSON object, got {text!r}")
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown speculative config key(s) {unknown}; known: "
+                             f"{[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**fields)
 
 
 def check_draft_matches(target_config: Any, draft_config: Any, target_tokenizer=None, draft_tokenizer=None) -> None:
