@@ -120,15 +120,15 @@ def run_hf(config, params, requests, max_batch_size) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    config, params, tokenizer = _load(args.model, args.seed)
-    requests = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed,
-                             input_len=tuple(args.input_len), output_len=tuple(args.output_len))
     speculative = None
-    if args.speculative_config is not None:
+    if args.speculative_config is not None:  # checked before the model loads
         from jaxserve.spec.config import SpeculativeConfig
         if args.backend != "jaxserve":
             raise ValueError("--speculative-config is for the jaxserve backend")
         speculative = SpeculativeConfig.from_json(args.speculative_config)
+    config, params, tokenizer = _load(args.model, args.seed)
+    requests = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed,
+                             input_len=tuple(args.input_len), output_len=tuple(args.output_len))
     if args.backend == "jaxserve":
         warm = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed + 1,
                              input_len=tuple(args.input_len), output_len=tuple(args.output_len)) if speculative else ()
