@@ -18,6 +18,16 @@ idle 2-core Sapphire Rapids machine, 2026-11-29). The multi-query bodies keep ``
 unrolled form was faster only from batch 16 up). Pools for this path are built with ``k_tokens_minor=True``
 (``jaxserve.cache.kv_pool``); ``tokens_minor(k_pages)`` converts a [P, S, K, D] array.
 
+Multi-query calls (``uniform_paged_attention_online``: a speculative verify, the draft's two-token
+catch-up step) on narrow tables (at most ``WHOLE_TABLE_TOKENS`` = M*S tokens, e.g. the speculative
+while-loop's 64-token prompt + 64 tokens + lookahead = 9 pages of 16) skip the loop: one step
+gathers the whole table and masks what lies past each sequence. There the loop's fixed cost per
+step outweighs the padding it avoids: six chained calls at batch 1, 5 queries, 100 live tokens of
+a 144-token table took 0.32 ms with the loop and 0.14 ms in one step; from 40 live tokens at
+batch 4-16 the two were even, and 256-token tables are left to the loop
+(``benchmarks/attention_whole_table.py``; figures in ``benchmarks/RESULTS.md``). Decode calls keep
+the loop: in the model the one-step decode body was no faster.
+
 Axis names as in ``reference.py``: B sequences, Q new tokens per sequence, H query heads,
 K kv heads, G = H // K, D head dim, P pages in the pool, S page size, M pages per table.
 """
@@ -28,6 +38,12 @@ import jax.numpy as jnp
 
 _NEG_INF = -1e30
 TOKENS_PER_STEP = 32  # K/V tokens per loop step: large enough to amortise the loop, small enough to stay in cache
+WHOLE_TABLE_TOKENS = 160  # tables up to this many tokens wide are read in one step, without the loop
+
+
+def _whole_table(m: int, s_page: int, pages_per_step: int | None) -> bool:
+    """Whether to attend over the whole block table at once (an explicit ``pages_per_step`` asks for the loop)."""
+    return pages_per_step is None and m * s_page <= WHOLE_TABLE_TOKENS
 
 
 def tokens_minor(k_pages: jax.Array) -> jax.Array:
@@ -49,10 +65,13 @@ def uniform_paged_attention_online(q, kt_pages, v_pages, block_tables, context_l
     kv_heads, s_page = kt_pages.shape[1], kt_pages.shape[3]
     h, d = q.shape[1:]
     g = h // kv_heads
-    chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
-    tables = jnp.pad(block_tables, ((0, 0), (0, (-m) % chunk)))  # padding pages are masked out below
     qg = q.reshape(b, q_len, kv_heads, g, d).astype(jnp.float32) * sm_scale
     query_pos = context_lens[:, None] - q_len + jnp.arange(q_len)[None, :]  # [B, Q]
+    if _whole_table(m, s_page, pages_per_step):
+        o = _attend_whole_table(qg, kt_pages, v_pages, block_tables, query_pos, context_lens, soft_cap, sliding_window)
+        return o.transpose(0, 3, 1, 2, 4).reshape(b * q_len, h, d).astype(q.dtype)
+    chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
+    tables = jnp.pad(block_tables, ((0, 0), (0, (-m) % chunk)))  # padding pages are masked out below
     num_steps = (jnp.max(context_lens) + chunk * s_page - 1) // (chunk * s_page)
 
     def step(i, carry):  # carry: running max, sum [B, K, G, Q] and accumulator [B, K, G, Q, D]
@@ -213,6 +232,33 @@ def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, val
     o = o.transpose(0, 3, 1, 2, 4).reshape(num_tiles, tile, h, d)
     out = o.at[tile_id, slot].get(mode="fill", fill_value=0)
     return out.astype(q.dtype)
+
+
+def _attend_whole_table(qg, kt_pages, v_pages, block_tables, query_pos, context_lens, soft_cap, sliding_window):
+    """Attention of scaled queries ``qg [B, Q, K, G, D]`` at ``query_pos i32[B, Q]`` over every page of
+    each sequence's table at once -> [B, K, G, Q, D] (zeros for a query that sees no key).
+
+    Keys at or past ``context_lens`` are masked, and their V rows zeroed, so whatever the table's
+    unused entries point at (stale or even non-finite pages) cannot leak in.
+    """
+    b, q_len, kv_heads, g, d = qg.shape
+    width = block_tables.shape[1] * kt_pages.shape[3]
+    k = kt_pages[block_tables].astype(jnp.float32)  # [B, M, K, D, S]
+    s = jnp.einsum("bqkgd,bmkds->bkgqms", qg, k).reshape(b, kv_heads, g, q_len, width)
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
+    key_pos = jnp.arange(width)
+    live = key_pos[None, :] < context_lens[:, None]  # [B, W]
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & live[:, None, :]  # [B, Q, W]
+    if sliding_window is not None:
+        mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
+    mask = mask[:, None, None]  # [B, 1, 1, Q, W]
+    s = jnp.where(mask, s, _NEG_INF)
+    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * mask
+    v = v_pages[block_tables].reshape(b, width, kv_heads, d).astype(jnp.float32)
+    v = jnp.where(live[:, :, None, None], v, 0.0)
+    o = jnp.einsum("bkgqw,bwkd->bkgqd", p, v)
+    return o / jnp.maximum(jnp.sum(p, axis=-1), 1e-30)[..., None]
 
 
 def _online_update(carry, s, mask, v, pv_einsum):

@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.paged_attention import online
 from pallas_kernels.paged_attention import (
     paged_attention_online,
     paged_attention_reference,
@@ -88,3 +89,46 @@ def test_ragged_equals_reference(q_lens, contexts, tile, window, max_chunks):
                                         sliding_window=window, max_chunks=max_chunks)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(got[total:], 0)
+
+
+# Multi-query calls on tables at most WHOLE_TABLE_TOKENS wide skip the loop when pages_per_step is not forced.
+@pytest.mark.parametrize("lengths, page_size, window, cap", [
+    ([1, 5, 17, 40, 0], 4, None, None),  # an empty sequence; width 40 tokens
+    ([9, 30, 2], 8, 6, None),            # sliding window
+    ([100, 7, 60], 16, None, 20.0),      # soft cap; a 112-token table
+])
+def test_whole_table_single_query_equals_reference(decode_case, lengths, page_size, window, cap):
+    q, k, v, tables, lens = decode_case(lengths, heads=8, kv_heads=2, head_dim=16, page_size=page_size)
+    assert online.WHOLE_TABLE_TOKENS >= tables.shape[1] * page_size  # the case exercises the whole-table path
+    kw = dict(sliding_window=window, soft_cap=cap)
+    want = paged_attention_reference(q, k, v, tables, lens, **kw)
+    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, lens, 1, **kw)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got)[np.asarray(lens) == 0], 0)
+
+
+@pytest.mark.parametrize("q_len, window", [(1, None), (5, None), (4, 3)])
+def test_whole_table_uniform_equals_reference(q_len, window):
+    rng = np.random.default_rng(10 + q_len)
+    pages, page, kv_heads, heads, dim, seqs, per_seq = 30, 4, 2, 4, 16, 4, 6
+    k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
+    tables = jnp.asarray(rng.permutation(pages)[: seqs * per_seq].reshape(seqs, per_seq), jnp.int32)
+    context = jnp.asarray([q_len, 9 + q_len, 23, 0], jnp.int32)
+    q = jnp.asarray(rng.normal(size=(seqs * q_len, heads, dim)), jnp.float32)
+    want = uniform_paged_attention_reference(q, k, v, tables, context, q_len, sliding_window=window)
+    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, context, q_len, sliding_window=window)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    np.testing.assert_array_equal(got[3 * q_len:], 0)
+
+
+def test_whole_table_ignores_what_unused_entries_point_at(decode_case):
+    """The whole table is read, but pages past each sequence's length are masked (V zeroed): NaN there cannot leak."""
+    q, k, v, tables, lens = decode_case([5, 11], heads=2, kv_heads=1, head_dim=8, page_size=4, max_pages=6)
+    live = set(np.asarray(tables[:, :3]).ravel().tolist())
+    spare = min(set(range(k.shape[0])) - live)
+    tables_bad = tables.at[0, 2:].set(spare).at[1, 3:].set(spare)  # past each sequence's live pages
+    k_bad, v_bad = k.at[spare].set(jnp.nan), v.at[spare].set(jnp.nan)
+    want = paged_attention_reference(q, k, v, tables, lens)
+    got = uniform_paged_attention_online(q, tokens_minor(k_bad), v_bad, tables_bad, lens, 1)
+    np.testing.assert_allclose(got, want, atol=2e-6)
