@@ -48,25 +48,16 @@ def _load(model: str, seed: int):
     return resolve_model(model)  # (config, params, tokenizer): a draft model is checked against the tokenizer
 
 
-def run_jaxserve(config, params, requests, max_model_len, overrides, speculative=None, warmup_requests=(),
-                 tokenizer=None) -> dict:
+def run_jaxserve(config, params, requests, max_model_len, overrides, speculative=None, tokenizer=None) -> dict:
     from jaxserve import LLM, SamplingParams
     from jaxserve.cli import _engine_from_overrides
     engine = {**_engine_from_overrides(overrides), "max_model_len": max_model_len}
     llm = LLM.from_params(config, params, tokenizer, speculative=speculative, **engine)
     sps = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in requests]
-    # Warm-up compiles every shape bucket, so the timed run measures serving, not compilation;
-    # compilations after warm-up are reported (and should be 0). The speculative engine runs its own
-    # programs, compiled on first use: there a workload of the same shape but other prompts (no
-    # prefix-cache hits) runs untimed instead, and what it missed shows in compilations_after_warmup.
+    # Warm-up compiles every shape bucket (a speculative engine: its fill, round and copy programs),
+    # so the timed run measures serving, not compilation; compilations after it are reported (should be 0).
     warm_start = time.perf_counter()
-    if speculative is None:
-        llm.warmup()
-    elif warmup_requests:
-        llm.generate([r.prompt_token_ids for r in warmup_requests],
-                     [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in warmup_requests],
-                     use_tqdm=False)
-        llm.engine.spec_runner.reset_metrics()
+    llm.warmup()
     warmup_s = time.perf_counter() - warm_start
     compiles_before = _compilations(llm.stats())
     engine_ = llm.engine
@@ -130,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed,
                              input_len=tuple(args.input_len), output_len=tuple(args.output_len))
     if args.backend == "jaxserve":
-        warm = make_workload(args.dataset, args.num_prompts, config.vocab_size, args.max_model_len, args.seed + 1,
-                             input_len=tuple(args.input_len), output_len=tuple(args.output_len)) if speculative else ()
-        result = run_jaxserve(config, params, requests, args.max_model_len, args.overrides, speculative, warm, tokenizer)
+        result = run_jaxserve(config, params, requests, args.max_model_len, args.overrides, speculative, tokenizer)
     else:
         result = run_hf(config, params, requests, args.hf_max_batch_size)
     out_tokens = sum(r.output_len for r in requests)

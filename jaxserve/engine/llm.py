@@ -100,7 +100,10 @@ class LLM:
         return beam_search(self.engine, prompts, params)
 
     def warmup(self) -> int:
-        """Compiles every shape bucket now; returns how many programs that took."""
+        """Compiles every shape bucket now (with speculative decoding: its fill, round and copy
+        programs); returns how many programs that took."""
+        if self.engine.spec_runner is not None:
+            return self.engine.spec_runner.warmup()
         return self.engine.runner.warmup()
 
     def stats(self) -> dict:

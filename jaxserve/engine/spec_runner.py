@@ -88,9 +88,7 @@ class SpecRunner:
     def execute(self, out: SchedulerOutput, seeds: dict[str, int], seqs: dict) -> dict[int, int | list[int]]:
         """Runs one scheduled step; returns what ``Scheduler.update`` takes (a round's emitted tokens as a list)."""
         self.runner.copy_blocks(out.copies)
-        if out.copies and self.draft_pool:
-            src, dst = (jnp.asarray(np.array(x, np.int32)) for x in zip(*out.copies))
-            self.draft_pool = self._counted(_copy, self.draft_pool, src, dst)
+        self._copy_draft_blocks(out.copies)
         fill = [e for e in out.scheduled if not e.num_lookahead]
         rounds = [e for e in out.scheduled if e.num_lookahead]
         sampled = self._fill(fill, seeds) if fill else {}
@@ -99,6 +97,44 @@ class SpecRunner:
         live = {e.seq_id for e in out.scheduled} | set(seqs)
         self._hidden = {k: v for k, v in self._hidden.items() if k in live}
         return sampled
+
+    def warmup(self) -> int:
+        """Compiles and runs every fill and round bucket once, and the block copies; returns the programs compiled.
+
+        The speculative engine runs only these programs (``ModelRunner.warmup`` would compile the plain
+        steps, which it never runs). Nothing is written: the fill's one token has no slot, and every
+        round row is inactive (its writes are dropped) but attends to a cached slot, so the attention
+        loops run once here rather than for the first time in the middle of serving.
+        """
+        before = self.num_compilations + self.runner.num_compilations
+        r = self.runner
+        reader = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
+                                   slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
+        sbatch, sample_entry = _sampling_arrays([], r.max_num_seqs)  # _fill's one sampling shape
+        for num_tokens in r.token_buckets:
+            for num_pages in r.page_buckets:
+                arrays = _pack([reader], num_tokens, r.max_num_seqs, num_pages)
+                _, _, r.pool, self.draft_pool = self._counted(
+                    _fill_program, r.params, self.proposer.params, r.pool, self.draft_pool, arrays["tokens"],
+                    arrays["positions"], r.metadata(arrays), arrays["last"], sample_entry, sbatch, **self._static)
+        for b in self.seq_buckets:
+            for m in self.page_buckets:
+                inputs, extra = self._round_inputs([], {}, {}, b, m)
+                _, _, _, r.pool, self.draft_pool = self._counted(
+                    _round_program, r.params, self.proposer.params, r.pool, self.draft_pool, inputs, extra,
+                    gamma=self.gamma, max_ngram=self.spec.max_ngram, min_ngram=self.spec.min_ngram, **self._static)
+        r.copy_blocks([(0, 0)])  # self-copies: harmless
+        self._copy_draft_blocks([(0, 0)])
+        return self.num_compilations + r.num_compilations - before
+
+    def _copy_draft_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """The draft pool's copy-on-write copies, padded to the runner's one size (dst -1 is dropped)."""
+        if not copies or not self.draft_pool:
+            return
+        n = bucket(len(copies), powers_of_two(self.runner.max_num_seqs, len(copies)))
+        src, dst = np.zeros(n, np.int32), np.full(n, -1, np.int32)
+        src[: len(copies)], dst[: len(copies)] = zip(*copies)
+        self.draft_pool = self._counted(_copy, self.draft_pool, jnp.asarray(src), jnp.asarray(dst))
 
     def reset_metrics(self) -> None:
         """Zeroes the acceptance counters (host-side, one row: the whole engine)."""

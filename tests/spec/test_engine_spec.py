@@ -228,3 +228,19 @@ def test_preemption_under_memory_pressure_keeps_greedy_exact(models, prompts, or
                           **{**ENGINE, "num_kv_blocks": 6})  # the 4 sequences need up to 9 blocks at once
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     assert llm.stats()["num_preemptions"] > 0
+
+
+def test_warmup_compiles_every_program_a_workload_runs(models, prompts, oracle):
+    """LLM.warmup on a speculative engine compiles its fill, round and copy programs (its own engine
+    shape, so nothing is cached from the tests above); a workload with forks then compiles nothing,
+    and the warm-up wrote nothing that changes a result."""
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]),
+                          **{**ENGINE, "max_num_seqs": 2, "max_model_len": 48})
+    compiled = lambda s: s["compilations"] + s["spec_compilations"]  # noqa: E731
+    warm = llm.warmup()
+    assert warm == compiled(llm.stats()) > 0
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    forks = SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=1.0, seed=3, ignore_eos=True)
+    llm.generate(prompts[:2], forks, use_tqdm=False)  # copy-on-write copies in both pools
+    assert compiled(llm.stats()) == warm
