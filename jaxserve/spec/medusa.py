@@ -27,7 +27,6 @@ from flax import traverse_util
 
 from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
-from jaxserve.sampling import row_keys
 from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.rejection import round_uniforms
 from jaxserve.spec.round import RoundInputs, RoundOutputs, _multi_token_meta, _probs, accept_and_advance
@@ -86,7 +85,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     The returned ``draft_pool`` slot holds the next round's hidden f32[B, E] (unchanged for inactive rows).
     """
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+    u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x = medusa_propose(heads_params, heads_config, hidden, gamma)
     q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)

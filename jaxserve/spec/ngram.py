@@ -15,7 +15,6 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.sampling import row_keys
 from jaxserve.spec.rejection import round_uniforms
 from jaxserve.spec.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
 
@@ -50,7 +49,7 @@ def ngram_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, h
                 attention_impl: str = "auto") -> RoundOutputs:
     """``spec_round`` with n-gram proposals from history i32[B, H] (valid at [0, positions]); draft_pool is []."""
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+    u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, _ = ngram_propose(history, inputs.positions, gamma, max_ngram, min_ngram)
     q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)

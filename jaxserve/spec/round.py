@@ -28,7 +28,7 @@ from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
-from jaxserve.sampling import SamplingBatch, row_keys
+from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.rejection import draw, probs_from_logits, rejection_sample, round_uniforms
 
 
@@ -133,7 +133,7 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
     invariant.
     """
     s = inputs.sampling
-    u = round_uniforms(row_keys(s.seed, s.index, inputs.positions + 1), gamma, target_config.vocab_size,
+    u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
                                      attention_impl)
