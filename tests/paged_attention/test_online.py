@@ -39,8 +39,9 @@ def test_decode_options(decode_case, window, cap, dtype, atol):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol)
 
 
-@pytest.mark.parametrize("q_len, window", [(2, None), (5, None), (4, 3)])
-def test_uniform_equals_reference(q_len, window):
+@pytest.mark.parametrize("q_len, window", [(1, None), (2, None), (5, None), (4, 3)])
+@pytest.mark.parametrize("pages_per_step", [2, None])  # the page loop; one step over the 24-token table
+def test_uniform_equals_reference(q_len, window, pages_per_step):
     rng = np.random.default_rng(q_len)
     pages, page, kv_heads, heads, dim, seqs, per_seq = 30, 4, 2, 4, 16, 4, 6
     k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
@@ -49,8 +50,9 @@ def test_uniform_equals_reference(q_len, window):
     context = jnp.asarray([q_len, 9 + q_len, 23, 0], jnp.int32)
     q = jnp.asarray(rng.normal(size=(seqs * q_len, heads, dim)), jnp.float32)
     want = uniform_paged_attention_reference(q, k, v, tables, context, q_len, sliding_window=window)
-    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, context, q_len, pages_per_step=2,
-                                         sliding_window=window)
+    assert (pages_per_step is None) == online._whole_table(per_seq, page, pages_per_step)
+    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, context, q_len,
+                                         pages_per_step=pages_per_step, sliding_window=window)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(got[3 * q_len:], 0)
 
@@ -105,21 +107,6 @@ def test_whole_table_single_query_equals_reference(decode_case, lengths, page_si
     got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, lens, 1, **kw)
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(got)[np.asarray(lens) == 0], 0)
-
-
-@pytest.mark.parametrize("q_len, window", [(1, None), (5, None), (4, 3)])
-def test_whole_table_uniform_equals_reference(q_len, window):
-    rng = np.random.default_rng(10 + q_len)
-    pages, page, kv_heads, heads, dim, seqs, per_seq = 30, 4, 2, 4, 16, 4, 6
-    k = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), jnp.float32)
-    tables = jnp.asarray(rng.permutation(pages)[: seqs * per_seq].reshape(seqs, per_seq), jnp.int32)
-    context = jnp.asarray([q_len, 9 + q_len, 23, 0], jnp.int32)
-    q = jnp.asarray(rng.normal(size=(seqs * q_len, heads, dim)), jnp.float32)
-    want = uniform_paged_attention_reference(q, k, v, tables, context, q_len, sliding_window=window)
-    got = uniform_paged_attention_online(q, tokens_minor(k), v, tables, context, q_len, sliding_window=window)
-    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
-    np.testing.assert_array_equal(got[3 * q_len:], 0)
 
 
 def test_whole_table_ignores_what_unused_entries_point_at(decode_case):
