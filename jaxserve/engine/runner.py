@@ -146,15 +146,16 @@ class ModelRunner:
         before = self.num_compilations
         shapes = [(b, b, m, True) for b in self.seq_buckets for m in self.page_buckets]
         shapes += [(t, self.max_num_seqs, m, False) for t in self.token_buckets for m in self.page_buckets]
-        reader = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
-                                   slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
         for num_tokens, num_seqs, num_pages, decode_only in shapes:
-            self._run(_pack([reader], num_tokens, num_seqs, num_pages), [], decode_only)
+            self._run(_pack([WARMUP_READER], num_tokens, num_seqs, num_pages), [], decode_only)
         self.copy_blocks([(0, 0)])  # a self-copy: harmless
         return self.num_compilations - before
 
 
 _TRACES = [0]  # incremented while tracing: one per compiled program
+# Warm-up's one token: position 0, attending to one cached slot, written nowhere (slot -1).
+WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
+                                  slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
 NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search uses 2 x beam_width)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
 from jaxserve.engine.buckets import bucket, powers_of_two
-from jaxserve.engine.runner import ModelRunner, SampleRow, _pack, _sampling_arrays
+from jaxserve.engine.runner import WARMUP_READER, ModelRunner, SampleRow, _pack, _sampling_arrays
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import k_tokens_minor, resolve_impl
 from jaxserve.models.loading import to_device
@@ -108,12 +108,10 @@ class SpecRunner:
         """
         before = self.num_compilations + self.runner.num_compilations
         r = self.runner
-        reader = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
-                                   slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
         sbatch, sample_entry = _sampling_arrays([], r.max_num_seqs)  # _fill's one sampling shape
         for num_tokens in r.token_buckets:
             for num_pages in r.page_buckets:
-                arrays = _pack([reader], num_tokens, r.max_num_seqs, num_pages)
+                arrays = _pack([WARMUP_READER], num_tokens, r.max_num_seqs, num_pages)
                 _, _, r.pool, self.draft_pool = self._counted(
                     _fill_program, r.params, self.proposer.params, r.pool, self.draft_pool, arrays["tokens"],
                     arrays["positions"], r.metadata(arrays), arrays["last"], sample_entry, sbatch, **self._static)

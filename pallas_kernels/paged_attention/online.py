@@ -23,8 +23,9 @@ catch-up step) on narrow tables (at most ``WHOLE_TABLE_TOKENS`` = M*S tokens, e.
 while-loop's 64-token prompt + 64 tokens + lookahead = 9 pages of 16) skip the loop: one step
 gathers the whole table and masks what lies past each sequence. There the loop's fixed cost per
 step outweighs the padding it avoids: six chained calls at batch 1, 5 queries, 100 live tokens of
-a 144-token table took 0.32 ms with the loop and 0.14 ms in one step; from 40 live tokens at
-batch 4-16 the two were even, and 256-token tables are left to the loop
+a 144-token table took 0.30 ms with the loop and 0.14 ms in one step; the one step was never slower
+at 144 tokens (even at 40 live tokens, 5 queries, batch 4-16), while at 256-token tables with 40 live
+tokens it lost by up to 1.9x, so those are left to the loop
 (``benchmarks/attention_whole_table.py``; figures in ``benchmarks/RESULTS.md``). Decode calls keep
 the loop: in the model the one-step decode body was no faster.
 
