@@ -23,6 +23,8 @@ class SpecDecodingConfig:
     batches: tuple = (1, 4, 16)
     temperatures: tuple = (0.0, 1.0)
     prompt_len: int = 64              # prompts: windows of the pycode val split (random ids for presets)
+    min_prompts: int = 8              # each timed call covers >= this many prompts: ceil(min_prompts / batch)
+                                      # batches one after another (one prompt's α is not the draft's α)
     max_tokens: int = 64
     ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work
     repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the
@@ -37,6 +39,5 @@ class SpecDecodingConfig:
 
 CONFIG = SpecDecodingConfig()
 SMOKE = ("target=preset:tiny-llama", "draft=preset:tiny-llama", "medusa_heads=null", "gammas=[2]", "batches=[2]",
-         "temperatures=[1.0]",
-         "prompt_len=12", "max_tokens=8", "repeats=1", "engine_gammas=[2]", "engine_methods=[draft_model]",
-         "engine_max_tokens=6")
+         "temperatures=[1.0]", "prompt_len=12", "min_prompts=4", "max_tokens=8", "repeats=1", "engine_gammas=[2]",
+         "engine_methods=[draft_model]", "engine_max_tokens=6")

@@ -27,7 +27,8 @@ from jaxserve.spec.benchmark import measure_engine_point, measure_point
 from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
 
 PRESET = "preset:"
-COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "gamma": "γ", "token_acceptance_prob": "α",
+COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "prompts": "prompts", "gamma": "γ",
+           "token_acceptance_prob": "α",
            "acceptance_rate": "vLLM rate", "mean_acceptance_length": "length", "theory_acceptance_length": "theory",
            "acceptance_length_vs_theory": "Δ", "target_calls_per_token": "calls/tok",
            "spec_tokens_per_s": "spec tok/s", "baseline_tokens_per_s": "base tok/s", "speedup": "speedup"}
@@ -46,13 +47,15 @@ def load(name: str, seed: int):
 
 
 def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
+    """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) sets, run one after another per timed call."""
+    sets = -(-cfg.min_prompts // batch)
     rng = np.random.default_rng(cfg.seed + batch)
     if tokenizer is None:
-        return rng.integers(0, vocab, (batch, cfg.prompt_len))
+        return rng.integers(0, vocab, (sets, batch, cfg.prompt_len))
     from jaxserve.train.data import encode_split
     stream = encode_split(tokenizer, None, "val", max_tokens=200_000)
-    starts = rng.integers(0, len(stream) - cfg.prompt_len, batch)
-    return np.stack([stream[s:s + cfg.prompt_len] for s in starts])
+    starts = rng.integers(0, len(stream) - cfg.prompt_len, sets * batch)
+    return np.stack([stream[s:s + cfg.prompt_len] for s in starts]).reshape(sets, batch, cfg.prompt_len)
 
 
 def proposers(cfg, tcfg, tparams):
@@ -81,7 +84,9 @@ def run(cfg, out):
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
-             "with as many of its own baseline (so drift in the machine's speed hits both alike).\n\n"
+             "with as many of its own baseline (so drift in the machine's speed hits both alike). A call covers "
+             f"at least {cfg.min_prompts} prompts: batches smaller than that run ceil({cfg.min_prompts} / batch) "
+             "prompt sets one after another (the engine: all submitted, at most batch running).\n\n"
              "α = accepted / reached (Leviathan's per-token α); vLLM rate = accepted / drafted; length = 1 + "
              "accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target forward passes (prefill "
              "included) per generated token; speedup = tokens/s over target-only decoding of the same prompts "
@@ -92,7 +97,8 @@ def run(cfg, out):
         prompts = make_prompts(cfg, tok, tcfg.vocab_size, batch)
         gammas = [g for g in cfg.gammas if method != "medusa" or g <= heads]
         rows[method] += measure_point((tcfg, tparams), props.get(method) or (None, None), prompts,
-                                      np.full(batch, cfg.prompt_len), gammas=gammas, temperature=temperature,
+                                      np.full(prompts.shape[:2], cfg.prompt_len), gammas=gammas,
+                                      temperature=temperature,
                                       max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
                                       block_size=cfg.block_size, seed=cfg.seed, method=method)
         # ~90 programs in one process exhausted the kernel's memory-map limit (vm.max_map_count 65530:

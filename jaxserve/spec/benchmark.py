@@ -7,6 +7,10 @@ points, ~60-90 ms each, moved by +-30% between calls), and the machine's speed d
 within half an hour, so each speculative row is compared with a baseline timed in the same
 minute, not with one taken at the start of the sweep. Acceptance figures come from the last
 timed call.
+
+A point may cover several prompt sets (prompts i32[S, B, L]): one call generates them one after
+another, S batches of B, so a batch-1 point's α and speedup are not those of a single prompt
+(they moved by several percent between prompts with the same draft).
 ``measure_point`` times the jitted while-loop generators; ``measure_engine_point`` the engine
 (``LLM.generate`` under continuous batching, one round per step) against a plain engine.
 """
@@ -36,41 +40,67 @@ def _interleaved(calls: dict, repeats: int, after_warmup=None) -> dict:
     return {name: (min(times[name]), out[name]) for name in calls}
 
 
+def _prompt_sets(prompts: np.ndarray) -> np.ndarray:
+    """i32[B, L] (one set) or i32[S, B, L] -> i32[S, B, L]."""
+    prompts = np.asarray(prompts)
+    if prompts.ndim not in (2, 3):
+        raise ValueError(f"prompts must be i32[B, L] or i32[S, B, L] (S prompt sets), got shape {prompts.shape}")
+    return prompts[None] if prompts.ndim == 2 else prompts
+
+
+def _over_sets(generate, sets: np.ndarray, lens: np.ndarray, seed: int):
+    """A call that runs ``generate(prompts, lens, seeds)`` on each set in turn and returns
+    (tokens generated, metrics of every row of every set, concatenated; None for the baseline)."""
+    s, b = sets.shape[:2]
+
+    def call():
+        outs = [generate(sets[i], lens[i], seed + i * b + np.arange(b)) for i in range(s)]
+        metrics = [m for _, _, m in outs if m is not None]
+        merged = jax.tree.map(lambda *x: np.concatenate([np.asarray(a) for a in x]), *metrics) if metrics else None
+        return sum(int(np.sum(n)) for _, n, _ in outs), merged
+    return call
+
+
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
                   max_tokens: int, eos_token_id: int | None, repeats: int, block_size: int = 16,
                   seed: int = 0, method: str = "draft_model") -> list[dict]:
     """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params).
 
-    method: "draft_model" (draft proposes), "ngram" (prompt lookup; draft unused) or "medusa"
-    (draft is (MedusaConfig, heads params)).
+    prompts: i32[B, L], or i32[S, B, L] for S sets of B generated one after another in each call
+    (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
+    lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)).
     """
     if method not in ("draft_model", "ngram", "medusa"):
         raise ValueError(f"method must be 'draft_model', 'ngram' or 'medusa', got {method!r}")
     (tcfg, tparams), (dcfg, dparams) = target, draft
-    b = len(prompts)
-    common = dict(max_tokens=max_tokens, temperature=temperature, seeds=np.arange(b) + seed,
-                  eos_token_id=eos_token_id, block_size=block_size)
-    baseline = lambda: target_only_generate(tparams, tcfg, prompts, lens, **common)  # noqa: E731
+    sets = _prompt_sets(prompts)
+    lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
+    b = sets.shape[1]
+    common = dict(max_tokens=max_tokens, temperature=temperature, eos_token_id=eos_token_id, block_size=block_size)
+    baseline = _over_sets(lambda p, n, seeds: (*target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common)[:2],
+                                               None), sets, lens, seed)
     rows = []
     for gamma in gammas:
         if method == "ngram":
-            call = lambda: ngram_generate(tparams, tcfg, prompts, lens, gamma=gamma, **common)  # noqa: E731
+            gen = lambda p, n, seeds: ngram_generate(tparams, tcfg, p, n, gamma=gamma,  # noqa: E731
+                                                     seeds=seeds, **common)
         elif method == "medusa":
-            call = lambda: medusa_generate(tparams, tcfg, dparams, dcfg, prompts, lens,  # noqa: E731
-                                           gamma=gamma, **common)
+            gen = lambda p, n, seeds: medusa_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
+                                                      gamma=gamma, seeds=seeds, **common)
         else:
-            call = lambda: speculative_generate(tparams, tcfg, dparams, dcfg, prompts, lens,  # noqa: E731
-                                                gamma=gamma, **common)
-        timed = _interleaved({"base": baseline, "spec": call}, repeats)
-        (base_s, (_, base_n, _)), (spec_s, (_, n, metrics)) = timed["base"], timed["spec"]
-        rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), int(np.sum(n)) / spec_s,
-                         spec_s, int(np.sum(base_n)) / base_s, base_s))
+            gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
+                                                           gamma=gamma, seeds=seeds, **common)
+        timed = _interleaved({"base": baseline, "spec": _over_sets(gen, sets, lens, seed)}, repeats)
+        (base_s, (base_n, _)), (spec_s, (n, metrics)) = timed["base"], timed["spec"]
+        rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), n / spec_s, spec_s,
+                         base_n / base_s, base_s, prompts=sets.shape[0] * b))
     return rows
 
 
-def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, base_seconds) -> dict:
+def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, base_seconds, prompts) -> dict:
     theory = expected_acceptance_length(s["token_acceptance_prob"], gamma)
-    return {"path": path, "method": method, "batch": batch, "temperature": temperature, "gamma": gamma, **s,
+    return {"path": path, "method": method, "batch": batch, "prompts": prompts, "temperature": temperature,
+            "gamma": gamma, **s,
             "theory_acceptance_length": theory,
             "acceptance_length_vs_theory": s["mean_acceptance_length"] / theory - 1,
             "spec_seconds": seconds, "spec_tokens_per_s": tps,
@@ -84,17 +114,20 @@ def _engine_call(llm, prompts, params):
 
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
                          max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0) -> list[dict]:
-    """The engine path: ``LLM.generate`` of the prompts (all submitted at once) with one speculative round
-    per step, against a plain engine over the same target. target: (config, params); proposers: method ->
+    """The engine path: ``LLM.generate`` of the prompts (all submitted at once, at most B running: with
+    prompts i32[S, B, L] the engine works through S x B of them) with one speculative round per step,
+    against a plain engine over the same target. target: (config, params); proposers: method ->
     proposer weights for ``LLM.from_params(draft=...)`` (None for ngram). Acceptance figures are the
     spec engine's ``stats()`` over its timed calls."""
     from jaxserve import LLM, SamplingParams, SpeculativeConfig
 
     tcfg, tparams = target
-    prompts = [list(map(int, p)) for p in prompts]
+    sets = _prompt_sets(prompts)
+    batch = sets.shape[1]
+    prompts = [list(map(int, p)) for p in sets.reshape(-1, sets.shape[2])]
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
               for i in range(len(prompts))]
-    kw = {"max_num_seqs": len(prompts), **engine_kwargs}
+    kw = {"max_num_seqs": batch, **engine_kwargs}
     baseline = _engine_call(LLM.from_params(tcfg, tparams, **kw), prompts, params)
     rows = []
     for method, weights in proposers.items():
@@ -106,6 +139,6 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
             (base_s, base_n), (spec_s, n) = timed["base"], timed["spec"]
             st = llm.stats()
             s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
-            rows.append(_row("engine", method, len(prompts), temperature, gamma, s, n / spec_s, spec_s,
-                             base_n / base_s, base_s))
+            rows.append(_row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s,
+                             base_n / base_s, base_s, prompts=len(prompts)))
     return rows

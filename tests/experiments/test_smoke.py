@@ -78,8 +78,20 @@ def check_vllm_paged(res):
     assert all(r["same_schedule_as_null_runner"] for r in res["tables"]["model"])
 
 
+def check_spec_decoding(res):
+    cfg = res["config"]
+    for r in _rows(res, ""):
+        # batches smaller than min_prompts run several prompt sets per call, and every one of them generates
+        sets = -(-cfg["min_prompts"] // r["batch"])
+        assert r["prompts"] == sets * r["batch"] >= cfg["min_prompts"]
+        per_row = cfg["max_tokens"] if r["path"] == "generate" else cfg["engine_max_tokens"]
+        assert r["generated"] == r["prompts"] * per_row  # ignore_eos: each prompt to its max_tokens
+        assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= r["gamma"] + 1
+
+
 CHECKS = {"fp4_quant_error": check_fp4_quant_error, "fp4_perplexity": check_fp4_perplexity,
-          "moe_balance": check_moe_balance, "moe_ep": check_moe_ep, "vllm_paged": check_vllm_paged}
+          "moe_balance": check_moe_balance, "moe_ep": check_moe_ep, "vllm_paged": check_vllm_paged,
+          "spec_decoding": check_spec_decoding}
 
 
 def test_every_experiment_is_discovered():
