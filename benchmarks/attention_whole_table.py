@@ -109,7 +109,7 @@ def model_ab(reps: int, inner: int) -> dict:
     drafts = jnp.full((batch, gamma), 11, jnp.int32)
 
     def verify(c):
-        _, logits, pool = target_verify(tp, tcfg, c[0], inputs, c[1], "xla")
+        logits, pool = target_verify(tp, tcfg, c[0], inputs, c[1], "xla")
         return pool, jnp.argmax(logits[:, 1:], -1).astype(jnp.int32)
 
     def round_(c):  # the emitted tokens are carried so that nothing of the round is dead code

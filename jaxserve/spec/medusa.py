@@ -29,7 +29,7 @@ from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.rejection import round_uniforms
-from jaxserve.spec.round import RoundInputs, RoundOutputs, _multi_token_meta, _probs, accept_and_advance
+from jaxserve.spec.round import RoundInputs, RoundOutputs, _multi_token_meta, accept_and_advance
 
 CONFIG_FILE, PARAMS_FILE = "medusa_config.json", "medusa_params.npz"
 
@@ -88,15 +88,13 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x = medusa_propose(heads_params, heads_config, hidden, gamma)
-    q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)
     b = x.shape[0]
     toks = jnp.concatenate([inputs.last_tokens[:, None], x], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
         _multi_token_meta(inputs, pos, page_size(target_pool)), attention_impl=attention_impl)
-    p = _probs(logits.reshape(b, gamma + 1, -1), s)
-    r = accept_and_advance(inputs, x, q, p, u, target_pool, [])
+    r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, [])
     # the hidden at L + n produced the new last token: the heads read it next round
     nxt = hid.reshape(b, gamma + 1, -1)[jnp.arange(b), r.num_accepted]
     return r.replace(draft_pool=jnp.where(inputs.active[:, None], nxt, hidden))

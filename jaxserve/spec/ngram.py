@@ -52,6 +52,5 @@ def ngram_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, h
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, _ = ngram_propose(history, inputs.positions, gamma, max_ngram, min_ngram)
-    q = jax.nn.one_hot(x, target_config.vocab_size, dtype=jnp.float32)
-    p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
-    return accept_and_advance(inputs, x, q, p, u, target_pool, [])
+    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    return accept_and_advance(inputs, x, None, logits, u, target_pool, [])

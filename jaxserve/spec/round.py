@@ -28,8 +28,8 @@ from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
-from jaxserve.sampling import SamplingBatch
-from jaxserve.spec.rejection import draw, probs_from_logits, rejection_sample, round_uniforms
+from jaxserve.sampling import SamplingBatch, argmax_first
+from jaxserve.spec.rejection import draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
 
 
 @struct.dataclass
@@ -80,9 +80,19 @@ def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
     return flat.reshape(shape)
 
 
+def _draft_draw(logits: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greedy: jax.Array):
+    """One draft token i32[B] and the distribution f32[B, V] it was drawn from (zeros when every row
+    is greedy: then only the argmax is needed, and the acceptance reads no distributions)."""
+    def sampled():
+        q = _probs(logits, s)
+        return draw(q, uniforms, jnp.bool_(False)), q
+    return jax.lax.cond(all_greedy, lambda: (argmax_first(logits), jnp.zeros_like(logits)), sampled)
+
+
 def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, uniforms: jax.Array,
                   attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
-    """γ draft tokens i32[B, G] and their distributions f32[B, G, V], one draw per uniforms[:, j] f32[B, G, V].
+    """γ draft tokens i32[B, G] and their distributions f32[B, G, V] (zeros when every row is greedy), one
+    draw per uniforms[:, j] f32[B, G, V].
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
@@ -93,9 +103,8 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
                            _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl,
                            logits_indices=jnp.arange(b) * 2 + 1)
-    q = _probs(logits, inputs.sampling)
     all_greedy = jnp.all(inputs.sampling.temperature <= 0)
-    x = draw(q, uniforms[:, 0], all_greedy)
+    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy)
 
     # The γ-1 single-token steps are unrolled, not a lax.scan: a loop-carried pool can get layout
     # copies at the loop boundary (in the engine, with a draft of one KV head, XLA:CPU copied every
@@ -105,22 +114,23 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
         pos = (inputs.positions + j)[:, None]
         logits, pool = forward(params, config, tokens[-1], pos[:, 0], pool, _multi_token_meta(inputs, pos, block_size),
                                attention_impl=attention_impl)
-        probs.append(_probs(logits, inputs.sampling))
-        tokens.append(draw(probs[-1], uniforms[:, j], all_greedy))
+        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy)
+        tokens.append(x)
+        probs.append(q)
     return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), pool
 
 
 def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, draft_tokens: jax.Array,
-                  attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
-    """One target pass over [last, x_1..x_G] at L..L+G -> distributions f32[B, G+1, V] and raw logits."""
+                  attention_impl: str) -> tuple[jax.Array, KVPool]:
+    """One target pass over [last, x_1..x_G] at L..L+G -> raw logits f32[B, G+1, V] (``accept_and_advance``
+    turns them into distributions only when some row samples)."""
     block_size = page_size(pool)
     b, g = draft_tokens.shape
     toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
     logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
                            _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl)
-    logits = logits.reshape(b, g + 1, -1)
-    return _probs(logits, inputs.sampling), logits, pool
+    return logits.reshape(b, g + 1, -1), pool
 
 
 def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
@@ -137,14 +147,23 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
                        jnp.all(s.temperature <= 0))
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
                                      attention_impl)
-    p, _, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
-    return accept_and_advance(inputs, x, q, p, u, target_pool, draft_pool)
+    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    return accept_and_advance(inputs, x, q, logits, u, target_pool, draft_pool)
 
 
-def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array, p: jax.Array, u: jax.Array,
-                       target_pool: KVPool, draft_pool: KVPool) -> RoundOutputs:
-    """Rejection-samples proposals x i32[B, G] (drawn from q) against p, and advances active rows."""
-    tokens, n = rejection_sample(x, q, p, u, inputs.sampling.temperature <= 0)
+def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, target_logits: jax.Array,
+                       u: jax.Array, target_pool: KVPool, draft_pool: KVPool) -> RoundOutputs:
+    """Rejection-samples proposals x i32[B, G] against the target's logits f32[B, G+1, V], and advances
+    active rows. q f32[B, G, V]: the distributions x was drawn from; None for deterministic proposals
+    (n-gram, Medusa's top-1 chain: q is the one-hot of x). When every row is greedy the acceptance is
+    ``greedy_accept`` on the logits: no distributions are built (q may then be anything)."""
+    s = inputs.sampling
+    greedy = s.temperature <= 0
+
+    def exact():
+        dq = jax.nn.one_hot(x, target_logits.shape[-1], dtype=jnp.float32) if q is None else q
+        return rejection_sample(x, dq, _probs(target_logits, s), u, greedy)
+    tokens, n = jax.lax.cond(jnp.all(greedy), lambda: greedy_accept(x, target_logits), exact)
     n = jnp.where(inputs.active, n, 0)
     rows = jnp.arange(n.shape[0])
     prev = jnp.where(n == 0, inputs.last_tokens, x[rows, jnp.maximum(n - 1, 0)])

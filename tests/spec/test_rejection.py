@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spec_stats import assert_matches, assert_mismatch
-from jaxserve.spec.rejection import PAD_TOKEN, draw, probs_from_logits, rejection_sample
+from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample
 
 V, G, N = 12, 3, 200_000  # every sampler call has this shape: one compile each
 
@@ -56,6 +56,10 @@ def test_greedy_accepts_while_draft_equals_target_argmax():
     rows = np.arange(N)
     np.testing.assert_array_equal(tokens[rows, agree], argmax[rows, agree])  # correction or bonus
     assert ((tokens == PAD_TOKEN) == (np.arange(G + 1)[None] > agree[:, None])).all()
+    # the all-greedy fast path (what a round runs when no row samples) reads the logits, not p or q
+    fast_tokens, fast_n = map(np.asarray, jax.jit(greedy_accept)(jnp.asarray(draft, jnp.int32), jnp.log(p)))
+    np.testing.assert_array_equal(fast_n, n)
+    np.testing.assert_array_equal(fast_tokens, tokens)
 
 
 def test_sampled_rows_keep_a_draft_prefix_and_correct_from_the_residual():
