@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from jaxserve.spec.generate import medusa_generate, ngram_generate, speculative_generate, target_only_generate
-from jaxserve.spec.metrics import expected_acceptance_length, summarize
+from jaxserve.spec.metrics import SpecMetrics, expected_acceptance_length, summarize
 
 
 def _interleaved(calls: dict, repeats: int, after_warmup=None) -> dict:
@@ -49,16 +49,16 @@ def _prompt_sets(prompts: np.ndarray) -> np.ndarray:
 
 
 def _over_sets(generate, sets: np.ndarray, lens: np.ndarray, seed: int):
-    """A call that runs ``generate(prompts, lens, seeds)`` on each set in turn and returns
-    (tokens generated, metrics of every row of every set, concatenated; None for the baseline)."""
+    """A call that runs ``generate(prompts, lens, seeds)`` on each set in turn; returns the outputs
+    (``_merge`` reads them after the clock stops)."""
     s, b = sets.shape[:2]
+    return lambda: [generate(sets[i], lens[i], seed + i * b + np.arange(b)) for i in range(s)]
 
-    def call():
-        outs = [generate(sets[i], lens[i], seed + i * b + np.arange(b)) for i in range(s)]
-        metrics = [m for _, _, m in outs if m is not None]
-        merged = jax.tree.map(lambda *x: np.concatenate([np.asarray(a) for a in x]), *metrics) if metrics else None
-        return sum(int(np.sum(n)) for _, n, _ in outs), merged
-    return call
+
+def _merge(outs) -> tuple[int, SpecMetrics]:
+    """(tokens generated, metrics of every row of every set concatenated) from a ``_over_sets`` call."""
+    metrics = jax.tree.map(lambda *x: np.concatenate([np.asarray(a) for a in x]), *[m for _, _, m in outs])
+    return sum(int(np.sum(n)) for _, n, _ in outs), metrics
 
 
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
@@ -77,8 +77,8 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
     b = sets.shape[1]
     common = dict(max_tokens=max_tokens, temperature=temperature, eos_token_id=eos_token_id, block_size=block_size)
-    baseline = _over_sets(lambda p, n, seeds: (*target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common)[:2],
-                                               None), sets, lens, seed)
+    baseline = _over_sets(lambda p, n, seeds: target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common),
+                          sets, lens, seed)
     rows = []
     for gamma in gammas:
         if method == "ngram":
@@ -91,7 +91,8 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
             gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
                                                            gamma=gamma, seeds=seeds, **common)
         timed = _interleaved({"base": baseline, "spec": _over_sets(gen, sets, lens, seed)}, repeats)
-        (base_s, (base_n, _)), (spec_s, (n, metrics)) = timed["base"], timed["spec"]
+        (base_s, base_out), (spec_s, spec_out) = timed["base"], timed["spec"]
+        (base_n, _), (n, metrics) = _merge(base_out), _merge(spec_out)
         rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), n / spec_s, spec_s,
                          base_n / base_s, base_s, prompts=sets.shape[0] * b))
     return rows
