@@ -8,9 +8,12 @@ within half an hour, so each speculative row is compared with a baseline timed i
 minute, not with one taken at the start of the sweep. Acceptance figures come from the last
 timed call.
 
-A point may cover several prompt sets (prompts i32[S, B, L]): one call generates them one after
-another, S batches of B, so a batch-1 point's α and speedup are not those of a single prompt
-(they moved by several percent between prompts with the same draft).
+A point may cover several prompt sets (prompts i32[S, B, L]), so a batch-1 point's α and speedup
+are not those of a single prompt (they moved by several percent between prompts with the same
+draft). Each set is its own timed call (base set 0, spec set 0, base set 1, ...) and a side's
+time is the sum over sets of each set's fastest call: the fastest of a call covering all S sets
+was itself ~S times as likely to include a slow stretch (γ 5 and γ 7 swapped 1.98x / 1.76x to
+1.84x / 2.07x between two runs that way).
 ``measure_point`` times the jitted while-loop generators; ``measure_engine_point`` the engine
 (``LLM.generate`` under continuous batching, one round per step) against a plain engine.
 """
@@ -48,15 +51,24 @@ def _prompt_sets(prompts: np.ndarray) -> np.ndarray:
     return prompts[None] if prompts.ndim == 2 else prompts
 
 
-def _over_sets(generate, sets: np.ndarray, lens: np.ndarray, seed: int):
-    """A call that runs ``generate(prompts, lens, seeds)`` on each set in turn; returns the outputs
-    (``_merge`` reads them after the clock stops)."""
-    s, b = sets.shape[:2]
-    return lambda: [generate(sets[i], lens[i], seed + i * b + np.arange(b)) for i in range(s)]
+def _per_set(generate, sets: np.ndarray, lens: np.ndarray, seed: int) -> list:
+    """One call per prompt set: ``generate(prompts, lens, seeds)`` with seeds unique across sets."""
+    b = sets.shape[1]
+    return [lambda i=i: generate(sets[i], lens[i], seed + i * b + np.arange(b)) for i in range(len(sets))]
 
 
-def _merge(outs) -> tuple[int, SpecMetrics]:
-    """(tokens generated, metrics of every row of every set concatenated) from a ``_over_sets`` call."""
+def _timed_sets(sides: dict, repeats: int, after_warmup=None) -> dict:
+    """side -> (seconds summed over sets of each set's fastest call, [its last output per set]);
+    sides: name -> ``_per_set`` calls, timed interleaved set by set (``_interleaved``)."""
+    num_sets = len(next(iter(sides.values())))
+    timed = _interleaved({(name, i): calls[i] for i in range(num_sets) for name, calls in sides.items()}, repeats,
+                         after_warmup)
+    return {name: (sum(timed[name, i][0] for i in range(num_sets)), [timed[name, i][1] for i in range(num_sets)])
+            for name in sides}
+
+
+def _merge(outs: list) -> tuple[int, SpecMetrics]:
+    """(tokens generated, metrics of every row of every set) from each set's generate output."""
     metrics = jax.tree.map(lambda *x: np.concatenate([np.asarray(a) for a in x]), *[m for _, _, m in outs])
     return sum(int(np.sum(n)) for _, n, _ in outs), metrics
 
@@ -77,8 +89,8 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
     b = sets.shape[1]
     common = dict(max_tokens=max_tokens, temperature=temperature, eos_token_id=eos_token_id, block_size=block_size)
-    baseline = _over_sets(lambda p, n, seeds: target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common),
-                          sets, lens, seed)
+    baseline = _per_set(lambda p, n, seeds: target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common),
+                        sets, lens, seed)
     rows = []
     for gamma in gammas:
         if method == "ngram":
@@ -90,9 +102,9 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
         else:
             gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
                                                            gamma=gamma, seeds=seeds, **common)
-        timed = _interleaved({"base": baseline, "spec": _over_sets(gen, sets, lens, seed)}, repeats)
-        (base_s, base_out), (spec_s, spec_out) = timed["base"], timed["spec"]
-        (base_n, _), (n, metrics) = _merge(base_out), _merge(spec_out)
+        timed = _timed_sets({"base": baseline, "spec": _per_set(gen, sets, lens, seed)}, repeats)
+        (base_s, base_outs), (spec_s, spec_outs) = timed["base"], timed["spec"]
+        (base_n, _), (n, metrics) = _merge(base_outs), _merge(spec_outs)
         rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), n / spec_s, spec_s,
                          base_n / base_s, base_s, prompts=sets.shape[0] * b))
     return rows
@@ -108,38 +120,40 @@ def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, bas
             "baseline_seconds": base_seconds, "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps}
 
 
-def _engine_call(llm, prompts, params):
-    """A call for ``_interleaved`` that returns the number of tokens generated."""
-    return lambda: sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
+def _engine_calls(llm, prompt_sets: list, params: list) -> list:
+    """One call per prompt set for ``_timed_sets``, each returning the number of tokens generated."""
+    def call(i):
+        return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompt_sets[i], params[i], use_tqdm=False))
+    return [lambda i=i: call(i) for i in range(len(prompt_sets))]
 
 
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
                          max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0) -> list[dict]:
-    """The engine path: ``LLM.generate`` of the prompts (all submitted at once, at most B running: with
-    prompts i32[S, B, L] the engine works through S x B of them) with one speculative round per step,
-    against a plain engine over the same target. target: (config, params); proposers: method ->
-    proposer weights for ``LLM.from_params(draft=...)`` (None for ngram). Acceptance figures are the
-    spec engine's ``stats()`` over its timed calls."""
+    """The engine path: ``LLM.generate`` of each set of B prompts (i32[B, L], or i32[S, B, L] for S
+    sets timed one by one as in ``measure_point``) with one speculative round per step, against a
+    plain engine over the same target. target: (config, params); proposers: method -> proposer
+    weights for ``LLM.from_params(draft=...)`` (None for ngram). Acceptance figures are the spec
+    engine's ``stats()`` over its timed calls."""
     from jaxserve import LLM, SamplingParams, SpeculativeConfig
 
     tcfg, tparams = target
     sets = _prompt_sets(prompts)
-    batch = sets.shape[1]
-    prompts = [list(map(int, p)) for p in sets.reshape(-1, sets.shape[2])]
-    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i, ignore_eos=True)
-              for i in range(len(prompts))]
+    num_sets, batch = sets.shape[:2]
+    prompt_sets = [[list(map(int, p)) for p in prompts] for prompts in sets]
+    params = [[SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i * batch + j,
+                              ignore_eos=True) for j in range(batch)] for i in range(num_sets)]
     kw = {"max_num_seqs": batch, **engine_kwargs}
-    baseline = _engine_call(LLM.from_params(tcfg, tparams, **kw), prompts, params)
+    baseline = _engine_calls(LLM.from_params(tcfg, tparams, **kw), prompt_sets, params)
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
             spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma)
             llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
-            timed = _interleaved({"base": baseline, "spec": _engine_call(llm, prompts, params)}, repeats,
-                                 after_warmup=llm.engine.spec_runner.reset_metrics)  # acceptance: timed calls only
-            (base_s, base_n), (spec_s, n) = timed["base"], timed["spec"]
+            timed = _timed_sets({"base": baseline, "spec": _engine_calls(llm, prompt_sets, params)}, repeats,
+                                after_warmup=llm.engine.spec_runner.reset_metrics)  # acceptance: timed calls only
+            (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
             st = llm.stats()
             s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
             rows.append(_row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s,
-                             base_n / base_s, base_s, prompts=len(prompts)))
+                             base_n / base_s, base_s, prompts=num_sets * batch))
     return rows

@@ -1,5 +1,7 @@
 """The speculative benchmark's timing: each point's calls alternate with its own baseline's."""
-from jaxserve.spec.benchmark import _interleaved
+import numpy as np
+
+from jaxserve.spec.benchmark import _interleaved, _per_set, _timed_sets
 
 
 def test_interleaved_warms_each_call_then_alternates_and_keeps_the_fastest():
@@ -11,3 +13,22 @@ def test_interleaved_warms_each_call_then_alternates_and_keeps_the_fastest():
     assert set(timed) == {"base", "spec"}
     assert timed["base"][1] == 7 and timed["spec"][1] == 8  # the output of each one's last call
     assert all(seconds >= 0 for seconds, _ in timed.values())
+
+
+def test_prompt_sets_are_timed_set_by_set_and_summed():
+    log = []
+
+    def gen(side):
+        def call(prompts, lens, seeds):
+            log.append((side, int(prompts[0, 0]), tuple(seeds)))
+            return None, np.array([len(seeds)]), {"rows": np.asarray(seeds)}
+        return call
+    sets = np.arange(3)[:, None, None] * np.ones((3, 2, 4), int)  # three sets of two prompts
+    lens = np.full((3, 2), 4)
+    out = _timed_sets({"base": _per_set(gen("base"), sets, lens, 10), "spec": _per_set(gen("spec"), sets, lens, 10)},
+                      repeats=2)
+    # alternation set by set (base 0, spec 0, base 1, ...), each call once untimed then twice timed
+    assert [(side, s) for side, s, _ in log] == [(side, s) for s in range(3) for side in ("base", "spec")] * 3
+    assert {seeds for _, s, seeds in log if s == 1} == {(12, 13)}  # seeds unique across sets
+    seconds, outs = out["spec"]
+    assert seconds >= 0 and [seeds["rows"].tolist() for _, _, seeds in outs] == [[10, 11], [12, 13], [14, 15]]
