@@ -2,9 +2,9 @@
 
 Budget: the full grid (3 methods x γ 1..8 (Medusa: 1..num_heads) x batch 1/4/16 x T 0/1 on the
 while-loop path, plus the engine rows) took 2876 s (48 min) on the idle 2-core CPU machine at
-3d777d3 (repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per call; 2507 s with one
-prompt set per point at 6a9e588). Temperature is an array, not a static argument, so each (method, γ, batch)
-compiles once for both temperatures.
+3d777d3 (repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per point; 2507 s with one
+prompt set per point at 6a9e588). Temperature is an array, not a static argument, so each
+(method, γ, batch) compiles once for both temperatures.
 """
 import dataclasses
 from typing import Optional
@@ -23,8 +23,8 @@ class SpecDecodingConfig:
     batches: tuple = (1, 4, 16)
     temperatures: tuple = (0.0, 1.0)
     prompt_len: int = 64              # prompts: windows of the pycode val split (random ids for presets)
-    min_prompts: int = 8              # each timed call covers >= this many prompts: ceil(min_prompts / batch)
-                                      # batches one after another (one prompt's α is not the draft's α)
+    min_prompts: int = 8              # each point covers >= this many prompts: ceil(min_prompts / batch) sets
+                                      # of batch, each timed on its own (one prompt's α is not the draft's α)
     max_tokens: int = 64
     ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work
     repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the

@@ -47,7 +47,7 @@ def load(name: str, seed: int):
 
 
 def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
-    """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) sets, run one after another per timed call."""
+    """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) prompt sets (each timed on its own)."""
     sets = -(-cfg.min_prompts // batch)
     rng = np.random.default_rng(cfg.seed + batch)
     if tokenizer is None:
@@ -84,9 +84,9 @@ def run(cfg, out):
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
-             "with as many of its own baseline (so drift in the machine's speed hits both alike). A call covers "
+             "with as many of its own baseline (so drift in the machine's speed hits both alike). A point covers "
              f"at least {cfg.min_prompts} prompts: batches smaller than that run ceil({cfg.min_prompts} / batch) "
-             "prompt sets one after another (the engine: all submitted, at most batch running).\n\n"
+             "prompt sets, each timed on its own, and a side's time is the sum of each set's fastest call.\n\n"
              "α = accepted / reached (Leviathan's per-token α); vLLM rate = accepted / drafted; length = 1 + "
              "accepted / rounds; theory = (1 - α^(γ+1)) / (1 - α); calls/tok = target forward passes (prefill "
              "included) per generated token; speedup = tokens/s over target-only decoding of the same prompts "

@@ -78,8 +78,8 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
                   seed: int = 0, method: str = "draft_model") -> list[dict]:
     """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params).
 
-    prompts: i32[B, L], or i32[S, B, L] for S sets of B generated one after another in each call
-    (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
+    prompts: i32[B, L], or i32[S, B, L] for S sets of B, each timed on its own and the sets' times
+    summed (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
     lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)).
     """
     if method not in ("draft_model", "ngram", "medusa"):
