@@ -31,6 +31,9 @@ class AttentionMetadata:
     # at most this many sequences have more than one new token (the scheduler's max_num_partial_prefills):
     # lets the XLA path run single-token rows through its decode body and build fewer query tiles
     max_chunks: int | None = struct.field(pytree_node=False, default=None)
+    # with uniform_q_len: every sequence's new tokens start at position 0 (nothing was cached before
+    # this step), so the step's own K/V are all the keys there are: ``attend`` skips the pool
+    fresh: bool = struct.field(pytree_node=False, default=False)
 
 
 def resolve_impl(impl: str) -> str:
@@ -64,6 +67,24 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                                                 meta.cu_q_lens, max_chunks=meta.max_chunks)
     fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention}[impl]
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+           meta: AttentionMetadata, impl: str = "auto") -> jax.Array:
+    """This step's queries q [T, H, D] against everything they may see -> [T, H, D].
+
+    k, v [T, K, D] are this step's new keys and values, already written into the pages. A fresh
+    uniform batch (``meta.fresh``: whole prompts, nothing cached) attends to them directly with
+    ``causal_attention``: no gather through the block table, and a Lp-wide score matrix instead of
+    the table's M*S (a 64-token prompt in a 9-page table: 64 keys instead of 144). Everything else
+    reads the pool (``paged_attention``).
+    """
+    if meta.fresh:
+        if meta.uniform_q_len is None:
+            raise ValueError("AttentionMetadata.fresh needs uniform_q_len (rows grouped by sequence)")
+        rows = lambda x: x.reshape(-1, meta.uniform_q_len, *x.shape[1:])  # noqa: E731
+        return causal_attention(rows(q), rows(k), rows(v)).reshape(q.shape)
+    return paged_attention(q, k_pages, v_pages, meta, impl)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool, write_kv
 from jaxserve.config import ModelConfig
-from jaxserve.models.attention import AttentionMetadata, causal_attention, k_tokens_minor, paged_attention
+from jaxserve.models.attention import AttentionMetadata, attend, causal_attention, k_tokens_minor
 from jaxserve.models.layers import RMSNorm, SwiGLU, rope
 
 _INIT = nn.initializers.normal(0.02)
@@ -49,7 +49,7 @@ class Attention(nn.Module):
             o = causal_attention(q, k, v)
         else:
             kv = write_kv(*kv, k, v, meta.slot_mapping, k_tokens_minor=k_tokens_minor(self.attention_impl))
-            o = paged_attention(q, *kv, meta, self.attention_impl)
+            o = attend(q, k, v, *kv, meta, self.attention_impl)
         out = _dense(c.hidden_size, c.o_bias, dt, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv
 

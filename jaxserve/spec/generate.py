@@ -67,7 +67,7 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
     meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
                              context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp,
-                             uniform_q_len=lp)
+                             uniform_q_len=lp, fresh=True)
     last = jnp.arange(b) * lp + prompt_lens - 1
     if with_hidden:
         return forward_with_hidden(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,

@@ -1,4 +1,6 @@
 """Cached forward through the paged pool equals the uncached full-sequence forward."""
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,3 +75,44 @@ def test_padding_tokens_do_not_touch_the_pool(impl):
         k = k.transpose(0, 3, 1, 2)  # back to [P, S, K, D]
     for k in (k, v):
         assert np.all(k[[0, 1, 3]] == 0) and np.all(k[2, 3] == 0) and np.all(k[2, :3] != 0)
+
+
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+def test_fresh_prompts_attend_without_the_pool_and_fill_it_alike(impl):
+    """``fresh`` (whole right-padded prompts, nothing cached) skips the pool for attention: same logits at
+    the real tokens as the full forward, and the same pool as the paged path writes."""
+    config = get_preset("tiny-qwen3")
+    params = init_params(config, jax.random.key(2))
+    rng = np.random.default_rng(2)
+    lp, lengths = 8, [8, 5]
+    prompts = rng.integers(1, config.vocab_size, (2, lp))
+    tables = [[3, 0, 5], [1, 4, 2]]
+    slots = [[t[p // BLOCK] * BLOCK + p % BLOCK if p < n else -1 for p in range(lp)] for t, n in zip(tables, lengths)]
+    pools, logits = {}, {}
+    for fresh in (False, True):
+        meta = AttentionMetadata(slot_mapping=jnp.array(slots, jnp.int32).reshape(-1), block_tables=jnp.array(tables),
+                                 context_lens=jnp.full(2, lp, jnp.int32), cu_q_lens=jnp.arange(3, dtype=jnp.int32) * lp,
+                                 uniform_q_len=lp, fresh=fresh)
+        pool = init_kv_pool(config.num_layers, 6, BLOCK, config.num_kv_heads, config.head_dim,
+                            k_tokens_minor=k_tokens_minor(impl))
+        out, pools[fresh] = forward(params, config, jnp.array(prompts.reshape(-1), jnp.int32),
+                                    jnp.tile(jnp.arange(lp, dtype=jnp.int32), 2), pool, meta, attention_impl=impl)
+        logits[fresh] = np.asarray(out).reshape(2, lp, -1)
+    for b, n in enumerate(lengths):
+        expected = np.asarray(forward_full(params, config, jnp.array(prompts[b:b + 1, :n])))[0]
+        np.testing.assert_allclose(logits[True][b, :n], expected, atol=1e-5)
+        np.testing.assert_allclose(logits[False][b, :n], expected, atol=1e-5)
+    for layer, ((k0, v0), (k1, v1)) in enumerate(zip(pools[False], pools[True])):
+        for paged, fresh in ((k0, k1), (v0, v1)):  # layer 0's K/V precede any attention: bit-identical
+            (np.testing.assert_array_equal if layer == 0 else partial(np.testing.assert_allclose, atol=1e-5))(
+                np.asarray(fresh), np.asarray(paged))
+
+
+def test_fresh_needs_uniform_rows():
+    config = get_preset("tiny-llama")
+    params = init_params(config, jax.random.key(3))
+    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim)
+    meta = metadata([[0, 1]], [0], [3]).replace(fresh=True)
+    with pytest.raises(ValueError, match="fresh needs uniform_q_len"):
+        forward(params, config, jnp.array([5, 6, 7], jnp.int32), jnp.arange(3, dtype=jnp.int32), pool, meta,
+                attention_impl="reference")
