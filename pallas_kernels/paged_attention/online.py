@@ -27,7 +27,11 @@ a 144-token table took 0.30 ms with the loop and 0.14 ms in one step; the one st
 at 144 tokens (even at 40 live tokens, 5 queries, batch 4-16), while at 256-token tables with 40 live
 tokens it lost by up to 1.9x, so those are left to the loop
 (``benchmarks/attention_whole_table.py``; figures in ``benchmarks/RESULTS.md``). Decode calls keep
-the loop: in the model the one-step decode body was no faster.
+the loop, except the narrowest: with at most ``WHOLE_TABLE_DECODE_ROWS`` = 4 query vectors in all
+(batch x query heads, e.g. the 2-head draft model at batch 1) the loop's vectors are mostly empty and
+its per-step cost dominates, so they take the one-step path too (the draft's γ 5 proposal at batch 1,
+100 live tokens of a 144-token table: 0.342 -> 0.284 ms; the 8-head target's decode step at batch 1
+was ~8% slower that way, and the draft's at batch 4 no faster).
 
 Axis names as in ``reference.py``: B sequences, Q new tokens per sequence, H query heads,
 K kv heads, G = H // K, D head dim, P pages in the pool, S page size, M pages per table.
@@ -40,6 +44,7 @@ import jax.numpy as jnp
 _NEG_INF = -1e30
 TOKENS_PER_STEP = 32  # K/V tokens per loop step: large enough to amortise the loop, small enough to stay in cache
 WHOLE_TABLE_TOKENS = 160  # tables up to this many tokens wide are read in one step, without the loop
+WHOLE_TABLE_DECODE_ROWS = 4  # ... by decode calls too when batch x query heads is at most this
 
 
 def _whole_table(m: int, s_page: int, pages_per_step: int | None) -> bool:
@@ -109,6 +114,9 @@ def paged_attention_online(q, kt_pages, v_pages, block_tables, lengths, *, sm_sc
     b, m = block_tables.shape
     kv_heads, d, s_page = kt_pages.shape[1:]
     h = q.shape[1]
+    if _whole_table(m, s_page, pages_per_step) and b * h <= WHOLE_TABLE_DECODE_ROWS:
+        return uniform_paged_attention_online(q, kt_pages, v_pages, block_tables, lengths, 1, sm_scale=sm_scale,
+                                              soft_cap=soft_cap, sliding_window=sliding_window)
     g = h // kv_heads
     chunk = pages_per_step or max(1, TOKENS_PER_STEP // s_page)
     width = chunk * s_page

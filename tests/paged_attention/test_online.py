@@ -1,4 +1,5 @@
 """The live-pages XLA path (online softmax over page chunks) equals the gather-everything references."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -37,6 +38,22 @@ def test_decode_options(decode_case, window, cap, dtype, atol):
     got = paged_attention_online(q, tokens_minor(k), v, tables, lens, pages_per_step=2, **kw)
     assert got.dtype == dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol)
+
+
+@pytest.mark.parametrize("lengths, heads, window, cap", [
+    ([13, 0], 2, None, None),  # batch x heads = 4: one whole-table step (an empty sequence gets zeros)
+    ([21], 4, 5, 20.0),        # a single row, with a sliding window and a soft cap
+    ([13, 7], 4, None, None),  # 8 query vectors: the page loop
+])
+def test_narrowest_decode_reads_the_table_in_one_step(decode_case, lengths, heads, window, cap):
+    q, k, v, tables, lens = decode_case(lengths, heads=heads, kv_heads=1, head_dim=16, page_size=4, max_pages=6)
+    kw = dict(sliding_window=window, soft_cap=cap)
+    want = paged_attention_reference(q, k, v, tables, lens, **kw)
+    got = paged_attention_online(q, tokens_minor(k), v, tables, lens, **kw)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
+    one_step = len(lengths) * heads <= online.WHOLE_TABLE_DECODE_ROWS
+    jaxpr = str(jax.make_jaxpr(lambda *a: paged_attention_online(*a, **kw))(q, tokens_minor(k), v, tables, lens))
+    assert ("while" not in jaxpr) == one_step
 
 
 @pytest.mark.parametrize("q_len, window", [(1, None), (2, None), (5, None), (4, 3)])
