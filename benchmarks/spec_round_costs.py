@@ -1,0 +1,161 @@
+"""Where a speculative round's time goes, against a target decode step (zoo pair, batch 1, greedy).
+
+    python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
+
+The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
+the round's cost in decode steps and the prefill's share. Two views, each timed alternately so
+drift in the machine's speed hits all parts alike:
+
+- ``parts``: a ``fori_loop`` of ``--inner`` iterations of one piece each (target decode step,
+  γ+1-token verify, γ-token draft proposal, proposal feeding verify, whole ``spec_round``), batch 1,
+  100 cached tokens, the 9-page table of the speculative benchmark's sequences; ms per iteration.
+- ``program``: whole ``speculative_generate`` / ``target_only_generate`` calls on the speculative
+  benchmark's first batch-1 prompts (64 tokens each), at ``max_tokens`` 1 (prefill and setup) and 64;
+  per round = (call - prefill-only call) / rounds, per step likewise; ms, summed over prompts of
+  each prompt's fastest call.
+
+Figures: fastest and 25th percentile of ``--reps`` (parts) / ``--calls`` (program) timed calls.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # experiments/, for the benchmark's prompts
+
+PAGE, PAGES, CACHED = 16, 9, 100
+
+
+def _alternate(fns: dict, reps: int, scale: float = 1.0) -> dict:
+    """name -> {min_ms, p25_ms} over ``reps`` rounds that call every fn once, in turn (after one warm-up each)."""
+    for f in fns.values():
+        jax.block_until_ready(f())
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append((time.perf_counter() - t0) * 1e3 * scale)
+    return {k: {"min_ms": min(v), "p25_ms": float(np.percentile(v, 25))} for k, v in times.items()}
+
+
+def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
+    from jaxserve.models.transformer import forward
+    from jaxserve.sampling import SamplingBatch
+    from jaxserve.spec.generate import _new_pool
+    from jaxserve.spec.round import RoundInputs, _multi_token_meta, draft_propose, spec_round, target_verify
+
+    (tcfg, tp), (dcfg, dp) = target, draft
+    tables = jnp.arange(PAGES, dtype=jnp.int32)[None]
+    zero = jnp.zeros(1, jnp.int32)
+    sampling = SamplingBatch(temperature=jnp.zeros(1), top_k=zero, top_p=jnp.ones(1), seed=jnp.zeros(1, jnp.uint32),
+                             index=zero, position=zero)
+    inputs = RoundInputs(block_tables=tables, positions=zero + CACHED, prev_tokens=zero + 7, last_tokens=zero + 9,
+                         active=jnp.ones(1, bool), sampling=sampling)
+    uniforms = jnp.zeros((1, gamma, tcfg.vocab_size))
+
+    # each body carries (target pool, draft pool, a token) so that nothing it computes is dead code
+    def decode(tpool, dpool, tok):
+        logits, tpool = forward(tp, tcfg, tok, inputs.positions, tpool,
+                                _multi_token_meta(inputs, inputs.positions[:, None], PAGE), attention_impl="xla")
+        return tpool, dpool, jnp.argmax(logits, -1).astype(jnp.int32)
+
+    def verify(tpool, dpool, tok):
+        logits, tpool = target_verify(tp, tcfg, tpool, inputs, jnp.broadcast_to(tok[:, None], (1, gamma)), "xla")
+        return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
+
+    def propose(tpool, dpool, tok):
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, "xla")
+        return tpool, dpool, x[:, -1]
+
+    def propose_verify(tpool, dpool, tok):  # the round without acceptance: what is left of it is accept + bookkeeping
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, "xla")
+        logits, tpool = target_verify(tp, tcfg, tpool, inputs.replace(last_tokens=tok), x, "xla")
+        return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
+
+    def round_(tpool, dpool, tok):
+        out = spec_round(tp, dp, tpool, dpool, inputs.replace(last_tokens=tok), target_config=tcfg, draft_config=dcfg,
+                         gamma=gamma, attention_impl="xla")
+        return out.target_pool, out.draft_pool, out.next.last_tokens
+
+    carry = (_new_pool(tcfg, PAGES, PAGE, "xla"), _new_pool(dcfg, PAGES, PAGE, "xla"), zero + 9)
+    fns = {}
+    for name, body in (("decode_step", decode), (f"verify_{gamma + 1}_tokens", verify),
+                       (f"draft_propose_gamma{gamma}", propose), ("propose_then_verify", propose_verify),
+                       (f"spec_round_gamma{gamma}", round_)):
+        exe = jax.jit(lambda c, body=body: jax.lax.fori_loop(0, inner, lambda _, c: body(*c), c))
+        fns[name] = lambda exe=exe: exe(carry)
+    return _alternate(fns, reps, scale=1 / inner)
+
+
+def program(target, draft, gamma: int, calls: int, num_prompts: int) -> dict:
+    from experiments.spec_decoding.config import CONFIG
+    from experiments.spec_decoding.run import make_prompts
+    from jaxserve.models.loading import resolve_model
+    from jaxserve.spec.generate import speculative_generate, target_only_generate
+
+    (tcfg, tp), (dcfg, dp) = target, draft
+    prompts = make_prompts(CONFIG, resolve_model("jaxserve/tiny-code")[2], tcfg.vocab_size, 1)[:num_prompts]
+    lens = np.full(1, prompts.shape[-1])
+    kw = dict(temperature=0.0, seeds=np.zeros(1, int), eos_token_id=None)
+    rounds = {}
+
+    def spec(p, i, max_tokens):
+        out = speculative_generate(tp, tcfg, dp, dcfg, p, lens, gamma=gamma, max_tokens=max_tokens, **kw)
+        rounds[i, max_tokens] = out[2].rounds
+        return out[0]
+
+    fns = {}
+    for i, p in enumerate(prompts):
+        for max_tokens in (1, 64):
+            fns[("spec", max_tokens, i)] = lambda p=p, i=i, m=max_tokens: spec(p, i, m)
+            fns[("base", max_tokens, i)] = lambda p=p, m=max_tokens: target_only_generate(tp, tcfg, p, lens, max_tokens=m,
+                                                                                          **kw)[0]
+    res = _alternate(fns, calls)
+    total = {(side, m): sum(res[side, m, i]["min_ms"] for i in range(len(prompts))) for side in ("spec", "base")
+             for m in (1, 64)}
+    num_rounds = sum(int(np.asarray(rounds[i, 64]).sum()) for i in range(len(prompts)))
+    return {"prompts": len(prompts), "rounds": num_rounds,
+            **{f"{side}_max_tokens_{m}_ms": t for (side, m), t in total.items()},
+            "per_round_ms": (total["spec", 64] - total["spec", 1]) / num_rounds,
+            "per_decode_step_ms": (total["base", 64] - total["base", 1]) / (63 * len(prompts)),
+            "speedup": total["base", 64] / total["spec", 64]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--inner", type=int, default=40)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--skip-program", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from jaxserve.models.loading import resolve_model
+
+    target, draft = (tuple(resolve_model(name)[:2]) for name in ("jaxserve/tiny-code", "jaxserve/tiny-code-draft"))
+    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                  machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma)
+    result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner)
+    for k, v in result["parts"].items():
+        print(f"{k:24s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)
+    if args.skip_program:
+        return
+    result["program"] = program(target, draft, args.gamma, args.calls, args.prompts)
+    print(json.dumps(result["program"], indent=1), flush=True)
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
