@@ -114,12 +114,14 @@ def program(target, draft, gamma: int, calls: int, num_prompts: int) -> dict:
         rounds[i, max_tokens] = out[2].rounds
         return out[0]
 
+    def base(p, max_tokens):
+        return target_only_generate(tp, tcfg, p, lens, max_tokens=max_tokens, **kw)[0]
+
     fns = {}
     for i, p in enumerate(prompts):
         for max_tokens in (1, 64):
             fns[("spec", max_tokens, i)] = lambda p=p, i=i, m=max_tokens: spec(p, i, m)
-            fns[("base", max_tokens, i)] = lambda p=p, m=max_tokens: target_only_generate(tp, tcfg, p, lens, max_tokens=m,
-                                                                                          **kw)[0]
+            fns[("base", max_tokens, i)] = lambda p=p, m=max_tokens: base(p, m)
     res = _alternate(fns, calls)
     total = {(side, m): sum(res[side, m, i]["min_ms"] for i in range(len(prompts))) for side in ("spec", "base")
              for m in (1, 64)}
