@@ -21,13 +21,13 @@ import argparse
 import datetime
 import json
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.paged_attention import online
+from timing import time_alternating  # benchmarks/timing.py, beside this script
 
 HEADS, KV_HEADS, DIM, PAGE = 8, 4, 32, 16
 LOOP_STEP = online.TOKENS_PER_STEP // PAGE  # an explicit pages_per_step forces the loop, at its default step
@@ -41,18 +41,6 @@ def _compiled(fn, *args, whole_table_tokens: int):
         return jax.jit(fn).lower(*args).compile()
     finally:
         online.WHOLE_TABLE_TOKENS = saved
-
-
-def _time_alternating(fns: dict, reps: int, inner: int) -> dict:
-    for f in fns.values():
-        jax.block_until_ready(f())
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append((time.perf_counter() - t0) / inner * 1e3)
-    return {k: {"min_ms": min(v), "p25_ms": float(np.percentile(v, 25))} for k, v in times.items()}
 
 
 def op_grid(reps: int, inner: int) -> list[dict]:
@@ -81,7 +69,7 @@ def op_grid(reps: int, inner: int) -> list[dict]:
 
                     width = pages * PAGE  # the whole-table form is timed past the threshold too, to show why it stops there
                     fns = {"loop": chained(LOOP_STEP, 0), "whole_table": chained(None, width)}
-                    res = _time_alternating(fns, reps, inner)
+                    res = time_alternating(fns, reps, per=inner)
                     row = dict(batch=batch, table_tokens=width, live=live, q_len=q_len, **res)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -124,7 +112,7 @@ def model_ab(reps: int, inner: int) -> dict:
             exe = _compiled(lambda c, body=body: jax.lax.fori_loop(0, inner, lambda _, c: body(c), c), carry,
                             whole_table_tokens=width)
             fns[f"{name}/{form}"] = lambda exe=exe, carry=carry: exe(carry)
-    res = _time_alternating(fns, reps, inner)
+    res = time_alternating(fns, reps, per=inner)
     for k, v in res.items():
         print(k, json.dumps(v), flush=True)
     return res

@@ -24,28 +24,15 @@ import json
 import pathlib
 import platform
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # experiments/, for the benchmark's prompts
+from timing import time_alternating  # noqa: E402  benchmarks/timing.py, beside this script
 
 PAGE, PAGES, CACHED = 16, 9, 100
-
-
-def _alternate(fns: dict, reps: int, scale: float = 1.0) -> dict:
-    """name -> {min_ms, p25_ms} over ``reps`` rounds that call every fn once, in turn (after one warm-up each)."""
-    for f in fns.values():
-        jax.block_until_ready(f())
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append((time.perf_counter() - t0) * 1e3 * scale)
-    return {k: {"min_ms": min(v), "p25_ms": float(np.percentile(v, 25))} for k, v in times.items()}
 
 
 def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
@@ -94,7 +81,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
                        (f"spec_round_gamma{gamma}", round_)):
         exe = jax.jit(lambda c, body=body: jax.lax.fori_loop(0, inner, lambda _, c: body(*c), c))
         fns[name] = lambda exe=exe: exe(carry)
-    return _alternate(fns, reps, scale=1 / inner)
+    return time_alternating(fns, reps, per=inner)
 
 
 def program(target, draft, gamma: int, calls: int, num_prompts: int) -> dict:
@@ -122,7 +109,7 @@ def program(target, draft, gamma: int, calls: int, num_prompts: int) -> dict:
         for max_tokens in (1, 64):
             fns[("spec", max_tokens, i)] = lambda p=p, i=i, m=max_tokens: spec(p, i, m)
             fns[("base", max_tokens, i)] = lambda p=p, m=max_tokens: base(p, m)
-    res = _alternate(fns, calls)
+    res = time_alternating(fns, calls)
     total = {(side, m): sum(res[side, m, i]["min_ms"] for i in range(len(prompts))) for side in ("spec", "base")
              for m in (1, 64)}
     num_rounds = sum(int(np.asarray(rounds[i, 64]).sum()) for i in range(len(prompts)))
