@@ -48,8 +48,13 @@ fi
 if python -c "import omegaconf" 2>/dev/null; then
   step roofline 60 python -c "import sys; from experiments.blackwell_roofline.config import GPU; \
 from experiments.harness import main; main('blackwell_roofline', [*GPU, 'out_dir=' + sys.argv[1]])" "$OUT/roofline"
+  # Speculative decoding's round vs decode step with the zoo pair (batch 1, greedy; the CPU figures are in
+  # benchmarks/RESULTS.md): on a GPU the 6-token verify should cost about one decode step.
+  step spec_round_costs 90 python benchmarks/spec_round_costs.py --reps 10 --calls 5 --prompts 4 \
+    --out "$OUT/spec_round_costs.json"
 else
   echo "== roofline: skipped, omegaconf missing"; printf 'roofline\tskipped\t0\n' >> "$STATUS"
+  echo "== spec_round_costs: skipped, omegaconf missing"; printf 'spec_round_costs\tskipped\t0\n' >> "$STATUS"
 fi
 # The Mosaic GPU kernel has never run on hardware: its own steps, last, so a crash costs nothing else.
 step pytest_gpu_mosaic 90 python -m pytest -m gpu "$MOSAIC_TESTS" -q -rfEs -p no:cacheprovider --continue-on-collection-errors
@@ -85,6 +90,13 @@ if roof.exists():
     for r in json.loads(roof.read_text())["tables"].get("validation", []):
         print(f"roofline b={r['batch']:>4} ctx={r['context']:>5} measured {r['measured_ms']:.3f} ms, "
               + ", ".join(f"{k[5:-3]} {r[k]:.3f} ms (x{r['ratio_' + k[5:-3]]:.2f})" for k in r if k.startswith("pred_")))
+spec = out / "spec_round_costs.json"
+if spec.exists():
+    data = json.loads(spec.read_text())
+    print("spec_round_costs (zoo pair, batch 1, greedy, γ %d): " % data["gamma"]
+          + ", ".join(f"{k} {v['min_ms']:.3f} ms" for k, v in data["parts"].items()))
+    if "program" in data:
+        print("  in the programs: " + ", ".join(f"{k} {v:.4g}" for k, v in data["program"].items()))
 fp4 = out / "fp4.json"
 if fp4.exists():
     data = json.loads(fp4.read_text())

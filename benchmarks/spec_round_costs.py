@@ -33,6 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # experime
 from timing import time_alternating  # noqa: E402  benchmarks/timing.py, beside this script
 
 PAGE, PAGES, CACHED = 16, 9, 100
+IMPL = "auto"  # Pallas kernels on a GPU, the XLA path elsewhere (as the generate programs choose)
 
 
 def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
@@ -53,28 +54,28 @@ def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
     # each body carries (target pool, draft pool, a token) so that nothing it computes is dead code
     def decode(tpool, dpool, tok):
         logits, tpool = forward(tp, tcfg, tok, inputs.positions, tpool,
-                                _multi_token_meta(inputs, inputs.positions[:, None], PAGE), attention_impl="xla")
+                                _multi_token_meta(inputs, inputs.positions[:, None], PAGE), attention_impl=IMPL)
         return tpool, dpool, jnp.argmax(logits, -1).astype(jnp.int32)
 
     def verify(tpool, dpool, tok):
-        logits, tpool = target_verify(tp, tcfg, tpool, inputs, jnp.broadcast_to(tok[:, None], (1, gamma)), "xla")
+        logits, tpool = target_verify(tp, tcfg, tpool, inputs, jnp.broadcast_to(tok[:, None], (1, gamma)), IMPL)
         return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
 
     def propose(tpool, dpool, tok):
-        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, "xla")
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL)
         return tpool, dpool, x[:, -1]
 
     def propose_verify(tpool, dpool, tok):  # the round without acceptance: what is left of it is accept + bookkeeping
-        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, "xla")
-        logits, tpool = target_verify(tp, tcfg, tpool, inputs.replace(last_tokens=tok), x, "xla")
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL)
+        logits, tpool = target_verify(tp, tcfg, tpool, inputs.replace(last_tokens=tok), x, IMPL)
         return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
 
     def round_(tpool, dpool, tok):
         out = spec_round(tp, dp, tpool, dpool, inputs.replace(last_tokens=tok), target_config=tcfg, draft_config=dcfg,
-                         gamma=gamma, attention_impl="xla")
+                         gamma=gamma, attention_impl=IMPL)
         return out.target_pool, out.draft_pool, out.next.last_tokens
 
-    carry = (_new_pool(tcfg, PAGES, PAGE, "xla"), _new_pool(dcfg, PAGES, PAGE, "xla"), zero + 9)
+    carry = (_new_pool(tcfg, PAGES, PAGE, IMPL), _new_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
     fns = {}
     for name, body in (("decode_step", decode), (f"verify_{gamma + 1}_tokens", verify),
                        (f"draft_propose_gamma{gamma}", propose), ("propose_then_verify", propose_verify),
