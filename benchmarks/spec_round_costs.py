@@ -85,14 +85,13 @@ def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
     return time_alternating(fns, reps, per=inner)
 
 
-def program(target, draft, gamma: int, calls: int, num_prompts: int) -> dict:
+def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) -> dict:
     from experiments.spec_decoding.config import CONFIG
     from experiments.spec_decoding.run import make_prompts
-    from jaxserve.models.loading import resolve_model
     from jaxserve.spec.generate import speculative_generate, target_only_generate
 
     (tcfg, tp), (dcfg, dp) = target, draft
-    prompts = make_prompts(CONFIG, resolve_model("jaxserve/tiny-code")[2], tcfg.vocab_size, 1)[:num_prompts]
+    prompts = make_prompts(CONFIG, tokenizer, tcfg.vocab_size, 1)[:num_prompts]
     lens = np.full(1, prompts.shape[-1])
     kw = dict(temperature=0.0, seeds=np.zeros(1, int), eos_token_id=None)
     rounds = {}
@@ -133,7 +132,8 @@ def main():
     args = ap.parse_args()
     from jaxserve.models.loading import resolve_model
 
-    target, draft = (tuple(resolve_model(name)[:2]) for name in ("jaxserve/tiny-code", "jaxserve/tiny-code-draft"))
+    tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code")
+    target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft")[:2])
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma)
     result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner)
@@ -141,7 +141,7 @@ def main():
         print(f"{k:24s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)
     if args.skip_program:
         return
-    result["program"] = program(target, draft, args.gamma, args.calls, args.prompts)
+    result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts)
     print(json.dumps(result["program"], indent=1), flush=True)
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1))

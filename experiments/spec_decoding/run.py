@@ -13,7 +13,7 @@ Full run (the Medusa heads belong to one target: retrain them whenever the zoo t
     python -m experiments.spec_decoding     # the whole grid into results/spec_decoding/
 
 Budget: ~90 programs to compile (each (method, γ, batch) once; temperature is an array) at ~9 CPU-s
-each, plus decoding: the full grid took 2876 s (48 min) on the idle 2-core machine (2026-11-30, 3d777d3).
+each, plus decoding: the full grid took 2255 s (38 min) on the idle 2-core machine (2026-11-30, 7de7442).
 """
 import os
 
