@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-call GPU check (shared/GPU.md): device and JAX info, compiled-kernel tests (pytest -m gpu),
-# the benchmark scripts, JSON under $OUT, a short table last. Installs nothing.
+# the benchmark scripts, JSON under $OUT, a short table last. Installs only the wheels carried in .whl/.
 #
-#   OUT=/some/dir bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_wheels.sh                   # here, once: omegaconf's wheel into .whl/ (ignored by git)
+#   OUT=/some/dir bash benchmarks/gpu_check.sh      # there: run(command=..., carry=[".whl"], timeout_s=540)
 #
 # Every step runs under `timeout`; the whole script stays within TOTAL_S seconds (default 540,
 # under the device tool's 600 s per call), so one hang cannot eat the session's device time.
@@ -15,6 +16,12 @@ START=$(date +%s)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 STATUS="$OUT/steps.tsv"
+# Pure-Python packages the GPU image lacks (omegaconf), carried as wheels: into a private target, never
+# over the image's own packages (--no-deps), and only on PYTHONPATH's end.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_check_site \
+    .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
+fi
 : > "$STATUS"
 
 # step NAME LIMIT_S CMD...: run CMD with a timeout of min(LIMIT_S, time left), log to $OUT/NAME.log.
@@ -44,7 +51,7 @@ if [[ -f benchmarks/fp4_matmul.py ]]; then
 fi
 # The roofline model (jaxserve/perfmodel.py) against jaxserve's measured decode step on this GPU
 # (experiments/blackwell_roofline, its config.GPU overrides). It imports jaxserve, which needs
-# omegaconf: not in the GPU image, so carry its wheel (and antlr4-python3-runtime 4.9) to run it.
+# omegaconf: not in the GPU image, so carry its wheel (benchmarks/gpu_wheels.sh) to run it.
 if python -c "import omegaconf" 2>/dev/null; then
   step roofline 60 python -c "import sys; from experiments.blackwell_roofline.config import GPU; \
 from experiments.harness import main; main('blackwell_roofline', [*GPU, 'out_dir=' + sys.argv[1]])" "$OUT/roofline"
