@@ -11,7 +11,8 @@ class SamplingParams:
 
     ``seed`` fixes the request's random stream: the same seed gives the same tokens whatever
     else is in the batch. ``logprobs=True`` returns the log-probability (under the model's
-    unmodified distribution) of each chosen token.
+    unmodified distribution) of each chosen token; with speculative decoding, the target's (read
+    from the verify pass, as vLLM reports them).
     """
     max_tokens: int = 16
     temperature: float = 1.0

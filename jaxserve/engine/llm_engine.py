@@ -157,7 +157,9 @@ class LLMEngine:
         """One step through ``SpecRunner``: a sequence may gain several tokens (cut at its first stop)."""
         seqs = self.scheduler.seqs
         before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
-        sampled = self.spec_runner.execute(out, self._seeds, seqs)
+        sampled, logprobs = self.spec_runner.execute(out, self._seeds, seqs)
+        for key, lps in logprobs.items():  # a round's run past a stop is cut with its tokens in _finish
+            self._logprobs[key].extend(lps)
         res = self.scheduler.update(out, sampled)
         finished = {r.request_id for r in res.finished}
         for req in res.finished:

@@ -290,8 +290,6 @@ class Scheduler:
         if p > self.max_model_len:
             raise ValueError(f"request {request_id!r}: prompt of {p} tokens is longer than "
                              f"max_model_len={self.max_model_len}")
-        if self.num_lookahead_slots and getattr(params, "logprobs", False):
-            raise ValueError(f"request {request_id!r}: logprobs=True is not supported with speculative decoding")
         max_tokens, n = params.max_tokens, getattr(params, "n", 1)
         if max_tokens is None:  # as in vLLM: until max_model_len
             max_tokens = max(self.max_model_len - p, 1)

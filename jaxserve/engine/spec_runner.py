@@ -36,7 +36,7 @@ from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import k_tokens_minor, resolve_impl
 from jaxserve.models.loading import to_device
 from jaxserve.models.transformer import forward
-from jaxserve.sampling import SamplingBatch
+from jaxserve.sampling import SamplingBatch, token_logprobs
 from jaxserve.spec.config import SpeculativeConfig
 from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.medusa import medusa_round
@@ -85,18 +85,24 @@ class SpecRunner:
         fill = len(self.runner.token_buckets) * len(self.runner.page_buckets)
         return fill + len(self.seq_buckets) * len(self.page_buckets) + 1
 
-    def execute(self, out: SchedulerOutput, seeds: dict[str, int], seqs: dict) -> dict[int, int | list[int]]:
-        """Runs one scheduled step; returns what ``Scheduler.update`` takes (a round's emitted tokens as a list)."""
+    def execute(self, out: SchedulerOutput, seeds: dict[str, int], seqs: dict
+                ) -> tuple[dict[int, int | list[int]], dict[tuple[str, int], list[float]]]:
+        """Runs one scheduled step; returns what ``Scheduler.update`` takes (a round's emitted tokens as a list)
+        and, per (request id, sample index), the new tokens' log-probabilities under the target's raw
+        logits, in order (a round's may run past a stop the scheduler cuts at: the engine keeps as many
+        as it keeps tokens)."""
         self.runner.copy_blocks(out.copies)
         self._copy_draft_blocks(out.copies)
         fill = [e for e in out.scheduled if not e.num_lookahead]
         rounds = [e for e in out.scheduled if e.num_lookahead]
-        sampled = self._fill(fill, seeds) if fill else {}
+        sampled, logprobs = self._fill(fill, seeds) if fill else ({}, {})
         if rounds:
-            sampled.update(self._round(rounds, seeds, seqs))
+            more, more_logprobs = self._round(rounds, seeds, seqs)
+            sampled.update(more)
+            logprobs.update(more_logprobs)
         live = {e.seq_id for e in out.scheduled} | set(seqs)
         self._hidden = {k: v for k, v in self._hidden.items() if k in live}
-        return sampled
+        return sampled, logprobs
 
     def warmup(self) -> int:
         """Compiles and runs every fill and round bucket once, and the block copies; returns the programs compiled.
@@ -112,13 +118,13 @@ class SpecRunner:
         for num_tokens in r.token_buckets:
             for num_pages in r.page_buckets:
                 arrays = _pack([WARMUP_READER], num_tokens, r.max_num_seqs, num_pages)
-                _, _, r.pool, self.draft_pool = self._counted(
+                _, _, _, r.pool, self.draft_pool = self._counted(
                     _fill_program, r.params, self.proposer.params, r.pool, self.draft_pool, arrays["tokens"],
                     arrays["positions"], r.metadata(arrays), arrays["last"], sample_entry, sbatch, **self._static)
         for b in self.seq_buckets:
             for m in self.page_buckets:
                 inputs, extra = self._round_inputs([], {}, {}, b, m)
-                _, _, _, r.pool, self.draft_pool = self._counted(
+                _, _, _, _, r.pool, self.draft_pool = self._counted(
                     _round_program, r.params, self.proposer.params, r.pool, self.draft_pool, inputs, extra,
                     gamma=self.gamma, max_ngram=self.spec.max_ngram, min_ngram=self.spec.min_ngram, **self._static)
         r.copy_blocks([(0, 0)])  # self-copies: harmless
@@ -152,7 +158,7 @@ class SpecRunner:
 
     # ---- fill: prefill chunks and plain decodes, target and draft together ---------------------
 
-    def _fill(self, entries: list[ScheduledSequence], seeds: dict[str, int]) -> dict[int, int | list[int]]:
+    def _fill(self, entries: list[ScheduledSequence], seeds: dict[str, int]):
         r = self.runner
         num_pages = bucket(max(len(e.block_table) for e in entries), r.page_buckets)
         num_tokens = bucket(sum(len(e.token_ids) for e in entries), r.token_buckets)
@@ -162,38 +168,41 @@ class SpecRunner:
                 for i, e in enumerate(entries) if e.sample for j in range(e.num_samples)]
         sbatch, sample_entry = _sampling_arrays(rows, bucket(len(rows), powers_of_two(r.max_num_seqs, len(rows))))
         meta = r.metadata(arrays)
-        toks, hidden, r.pool, self.draft_pool = self._counted(
+        toks, lps, hidden, r.pool, self.draft_pool = self._counted(
             _fill_program, r.params, self.proposer.params, r.pool, self.draft_pool, arrays["tokens"],
             arrays["positions"], meta, arrays["last"], sample_entry, sbatch, **self._static)
-        toks, hidden = jax.device_get((toks, hidden))
-        sampled, k = {}, 0
+        toks, lps, hidden = jax.device_get((toks, lps, hidden))
+        sampled, logprobs, k = {}, {}, 0
         for e in entries:
             if e.sample:
                 drawn = [int(t) for t in toks[k:k + e.num_samples]]
                 sampled[e.seq_id] = drawn if e.num_samples > 1 else drawn[0]
+                for j in range(e.num_samples):
+                    logprobs[(e.request_id, e.index + j)] = [float(lps[k + j])]
                 if self.proposer.method == "medusa":
                     self._hidden[e.seq_id] = hidden[k]
                 k += e.num_samples
         self._metrics = self._metrics.replace(target_calls=self._metrics.target_calls + len(rows))
-        return sampled
+        return sampled, logprobs
 
     # ---- rounds: one speculative round for every decode with lookahead --------------------------
 
-    def _round(self, entries: list[ScheduledSequence], seeds: dict[str, int], seqs: dict) -> dict[int, list[int]]:
+    def _round(self, entries: list[ScheduledSequence], seeds: dict[str, int], seqs: dict):
         b = bucket(len(entries), self.seq_buckets)
         m = bucket(max(len(e.block_table) for e in entries), self.page_buckets)
         inputs, extra = self._round_inputs(entries, seeds, seqs, b, m)
-        toks, num_accepted, state, self.runner.pool, self.draft_pool = self._counted(
+        toks, num_accepted, lps, state, self.runner.pool, self.draft_pool = self._counted(
             _round_program, self.runner.params, self.proposer.params, self.runner.pool, self.draft_pool, inputs,
             extra, gamma=self.gamma, max_ngram=self.spec.max_ngram, min_ngram=self.spec.min_ngram, **self._static)
-        toks, num_accepted, state = jax.device_get((toks, num_accepted, state))
-        out = {}
+        toks, num_accepted, lps, state = jax.device_get((toks, num_accepted, lps, state))
+        out, logprobs = {}, {}
         for i, e in enumerate(entries):
             out[e.seq_id] = toks[i, :num_accepted[i] + 1].tolist()
+            logprobs[(e.request_id, e.index)] = lps[i, :num_accepted[i] + 1].tolist()
             if self.proposer.method == "medusa":
                 self._hidden[e.seq_id] = state[i]
         self._record_rounds(num_accepted[:len(entries)])
-        return out
+        return out, logprobs
 
     def _round_inputs(self, entries, seeds, seqs, b: int, m: int) -> tuple[RoundInputs, Any]:
         tables = np.zeros((b, m), np.int32)
@@ -256,7 +265,8 @@ _STATIC = ("target_config", "proposer_config", "method", "attention_impl")
 def _fill_program(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last,
                   sample_entry, sbatch, *, target_config: ModelConfig, proposer_config, method: str,
                   attention_impl: str):
-    """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens; samples rows."""
+    """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens; samples rows and
+    returns their tokens' log-probabilities under the raw logits."""
     _TRACES[0] += 1
     if method == "medusa":
         logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
@@ -269,8 +279,9 @@ def _fill_program(target_params, proposer_params, target_pool, draft_pool, token
     if method == "draft_model":
         _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
                                 attention_impl=attention_impl, logits_indices=last)
-    toks = sample_tokens(logits[sample_entry], sbatch)
-    return toks, hidden[sample_entry], target_pool, draft_pool
+    logits = logits[sample_entry]
+    toks = sample_tokens(logits, sbatch)
+    return toks, token_logprobs(logits, toks), hidden[sample_entry], target_pool, draft_pool
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("gamma", "max_ngram", "min_ngram"),
@@ -292,7 +303,7 @@ def _round_program(target_params, proposer_params, target_pool, draft_pool, inpu
         r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
                          heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
         state = r.draft_pool
-    return r.tokens, r.num_accepted, state, r.target_pool, draft_pool
+    return r.tokens, r.num_accepted, r.logprobs, state, r.target_pool, draft_pool
 
 
 @functools.partial(jax.jit, donate_argnames=("pool",))

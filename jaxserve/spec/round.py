@@ -28,8 +28,8 @@ from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
-from jaxserve.sampling import SamplingBatch, argmax_first
-from jaxserve.spec.rejection import draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
+from jaxserve.sampling import SamplingBatch, argmax_first, token_logprobs
+from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
 
 
 @struct.dataclass
@@ -46,6 +46,10 @@ class RoundInputs:
 class RoundOutputs:
     tokens: jax.Array  # i32[B, G+1]: tokens[:, :num_accepted+1] are emitted, later slots PAD_TOKEN
     num_accepted: jax.Array  # i32[B]: accepted draft tokens (0 for inactive rows)
+    # f32[B, G+1]: each emitted token's log-probability under the target's raw logits at its position (what
+    # ``jaxserve.sampling.sample`` reports without speculation); 0 past the emitted slots. Programs that
+    # never read it (``speculative_generate``) do not compute it: XLA drops the dead value.
+    logprobs: jax.Array
     next: RoundInputs  # inputs for the next round (positions advanced by num_accepted + 1)
     target_pool: KVPool
     draft_pool: KVPool
@@ -171,4 +175,8 @@ def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, t
     nxt = inputs.replace(positions=jnp.where(act, inputs.positions + n + 1, inputs.positions),
                          prev_tokens=jnp.where(act, prev, inputs.prev_tokens),
                          last_tokens=jnp.where(act, tokens[rows, n], inputs.last_tokens))
-    return RoundOutputs(tokens=tokens, num_accepted=n, next=nxt, target_pool=target_pool, draft_pool=draft_pool)
+    b, g1, vocab = target_logits.shape
+    emitted = tokens != PAD_TOKEN
+    lps = token_logprobs(target_logits.reshape(b * g1, vocab), jnp.where(emitted, tokens, 0).reshape(-1))
+    return RoundOutputs(tokens=tokens, num_accepted=n, logprobs=jnp.where(emitted, lps.reshape(b, g1), 0.0), next=nxt,
+                        target_pool=target_pool, draft_pool=draft_pool)
