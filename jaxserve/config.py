@@ -130,6 +130,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_impl: str = "auto"  # auto (pallas on GPU, xla elsewhere) | pallas | xla | reference
     quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
+    # (of the target: with speculative decoding the draft model or Medusa heads keep their own weights)
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).

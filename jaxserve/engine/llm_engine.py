@@ -42,8 +42,6 @@ class LLMEngine:
                  engine_config: EngineConfig = EngineConfig(), speculative: SpeculativeConfig | None = None,
                  proposer: Proposer | None = None, router_state: dict | None = None):
         ec = engine_config
-        if speculative is not None and ec.quantization is not None:
-            raise ValueError(f"quantization={ec.quantization!r} cannot be combined with speculative decoding yet")
         if speculative is not None and ec.max_num_batched_tokens < 1 + speculative.gamma:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")

@@ -36,6 +36,7 @@ from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import k_tokens_minor, resolve_impl
 from jaxserve.models.loading import to_device
 from jaxserve.models.transformer import forward
+from jaxserve.quant import matmul_context
 from jaxserve.sampling import SamplingBatch, token_logprobs
 from jaxserve.spec.config import SpeculativeConfig
 from jaxserve.spec.hidden import forward_with_hidden
@@ -77,7 +78,7 @@ class SpecRunner:
         self.reset_metrics()
         self.num_compilations = 0
         self._static = dict(target_config=runner.config, proposer_config=proposer.config, method=proposer.method,
-                            attention_impl=runner.attention_impl)
+                            attention_impl=runner.attention_impl, quant=runner.quant)
 
     @property
     def num_buckets(self) -> int:
@@ -258,16 +259,24 @@ class SpecRunner:
 
 
 _TRACES = [0]
-_STATIC = ("target_config", "proposer_config", "method", "attention_impl")
+_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("target_pool", "draft_pool"))
 def _fill_program(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last,
                   sample_entry, sbatch, *, target_config: ModelConfig, proposer_config, method: str,
-                  attention_impl: str):
+                  attention_impl: str, quant=None):
     """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens; samples rows and
-    returns their tokens' log-probabilities under the raw logits."""
+    returns their tokens' log-probabilities under the raw logits. ``quant``: the runner's matmul settings
+    for a quantized target (static, as in ``runner._step``); float proposer weights are untouched by it."""
     _TRACES[0] += 1
+    with matmul_context(quant):
+        return _fill(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last,
+                     sample_entry, sbatch, target_config, proposer_config, method, attention_impl)
+
+
+def _fill(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last, sample_entry,
+          sbatch, target_config, proposer_config, method, attention_impl):
     if method == "medusa":
         logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
                                                           target_pool, meta, attention_impl=attention_impl,
@@ -288,9 +297,16 @@ def _fill_program(target_params, proposer_params, target_pool, draft_pool, token
                    donate_argnames=("target_pool", "draft_pool"))
 def _round_program(target_params, proposer_params, target_pool, draft_pool, inputs: RoundInputs, extra, *,
                    target_config: ModelConfig, proposer_config, method: str, attention_impl: str, gamma: int,
-                   max_ngram: int, min_ngram: int):
+                   max_ngram: int, min_ngram: int, quant=None):
     """One round for every row; extra is the n-gram history i32[B, H] or the Medusa hidden f32[B, E]."""
     _TRACES[0] += 1
+    with matmul_context(quant):
+        return _one_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra, target_config,
+                          proposer_config, method, attention_impl, gamma, max_ngram, min_ngram)
+
+
+def _one_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra, target_config, proposer_config,
+               method, attention_impl, gamma, max_ngram, min_ngram):
     state = jnp.zeros((), jnp.float32)
     if method == "draft_model":
         r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,

@@ -232,6 +232,25 @@ def test_logprobs_with_speculation_are_the_targets(models, prompts, oracle, temp
         assert c.cumulative_logprob == pytest.approx(sum(c.logprobs), abs=1e-4)
 
 
+def test_quantized_target_with_speculation_equals_the_quantized_engine(models, prompts):
+    """quantization= quantizes the target and speculation keeps its greedy tokens exactly: the spec
+    engine's fill and round programs run the target's matmuls under the runner's quantized settings
+    (a float target would give other tokens here; the float draft is unaffected)."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
+    engine = {**ENGINE, "max_num_seqs": 2}
+    quantized = LLM.from_params(CONFIG, models["target"], quantization="nvfp4", speculative=spec,
+                                draft=(CONFIG, models["near"]), **engine)
+    plain = LLM.from_params(CONFIG, models["target"], quantization="nvfp4", **engine)
+    unquantized = LLM.from_params(CONFIG, models["target"], **engine)
+    got, expected, full = (llm.generate(prompts[:2], params, use_tqdm=False) for llm in (quantized, plain, unquantized))
+    assert tokens(got) == tokens(expected)
+    assert quantized.stats()["spec_accepted"] > 0
+    lp = lambda outs: np.concatenate([o.outputs[0].logprobs for o in outs])  # noqa: E731
+    np.testing.assert_allclose(lp(got), lp(expected), atol=2e-4)
+    assert tokens(got) != tokens(full) or np.abs(lp(got) - lp(full)).max() > 1e-3  # quantization took effect
+
+
 @pytest.mark.slow
 def test_ngram_engine_greedy_equals_target_greedy(models, prompts, oracle):
     llm = spec_llm(models, draft=None, method="ngram")
