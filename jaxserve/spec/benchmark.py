@@ -16,6 +16,13 @@ was itself ~S times as likely to include a slow stretch (γ 5 and γ 7 swapped 1
 1.84x / 2.07x between two runs that way).
 ``measure_point`` times the jitted while-loop generators; ``measure_engine_point`` the engine
 (``LLM.generate`` under continuous batching, one round per step) against a plain engine.
+
+Each row has two speedups. ``speedup``: tokens per second of whole calls (prefill included), the
+end-to-end figure. ``decode_speedup``: tokens after each row's first per second of the time after it,
+where that time is a call's minus a prefill-only call's (max_tokens 1, timed in the same alternation):
+the decode phase alone, what TPOT / inter-token latency compares. With 64-token prompts and 64 new
+tokens a prefill is ~11% of a batch-1 baseline call, so the two differ noticeably here. The speculative
+side's prefill-only call uses γ 1 (its prefill does not depend on γ; one compile per point, not per γ).
 """
 from __future__ import annotations
 
@@ -73,6 +80,16 @@ def _merge(outs: list) -> tuple[int, SpecMetrics]:
     return sum(int(np.sum(n)) for _, n, _ in outs), metrics
 
 
+def _decode_speedup(spec_n: int, spec_s: float, spec_prefill_s: float, base_n: int, base_s: float,
+                    base_prefill_s: float, rows: int) -> float:
+    """Speedup of the decode phase: tokens after each of ``rows`` rows' first per second after the prefill
+    (NaN when noise leaves no time or no tokens after it, e.g. a smoke run's few tokens)."""
+    spec_t, base_t = spec_s - spec_prefill_s, base_s - base_prefill_s
+    if min(spec_t, base_t) <= 0 or min(spec_n, base_n) <= rows:
+        return float("nan")
+    return ((spec_n - rows) / spec_t) / ((base_n - rows) / base_t)
+
+
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
                   max_tokens: int, eos_token_id: int | None, repeats: int, block_size: int = 16,
                   seed: int = 0, method: str = "draft_model") -> list[dict]:
@@ -88,36 +105,45 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     sets = _prompt_sets(prompts)
     lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
     b = sets.shape[1]
-    common = dict(max_tokens=max_tokens, temperature=temperature, eos_token_id=eos_token_id, block_size=block_size)
-    baseline = _per_set(lambda p, n, seeds: target_only_generate(tparams, tcfg, p, n, seeds=seeds, **common),
-                        sets, lens, seed)
+    common = dict(temperature=temperature, eos_token_id=eos_token_id, block_size=block_size)
+
+    def baseline(tokens):
+        return _per_set(lambda p, n, seeds: target_only_generate(tparams, tcfg, p, n, seeds=seeds, max_tokens=tokens,
+                                                                 **common), sets, lens, seed)
+
+    def speculative(gamma, tokens):
+        kw = dict(gamma=gamma, max_tokens=tokens, **common)
+        if method == "ngram":
+            gen = lambda p, n, seeds: ngram_generate(tparams, tcfg, p, n, seeds=seeds, **kw)  # noqa: E731
+        elif method == "medusa":
+            gen = lambda p, n, seeds: medusa_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)  # noqa: E731
+        else:
+            gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)  # noqa: E731
+        return _per_set(gen, sets, lens, seed)
+
+    sides = {"base": baseline(max_tokens), "base_prefill": baseline(1), "spec_prefill": speculative(1, 1)}
     rows = []
     for gamma in gammas:
-        if method == "ngram":
-            gen = lambda p, n, seeds: ngram_generate(tparams, tcfg, p, n, gamma=gamma,  # noqa: E731
-                                                     seeds=seeds, **common)
-        elif method == "medusa":
-            gen = lambda p, n, seeds: medusa_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
-                                                      gamma=gamma, seeds=seeds, **common)
-        else:
-            gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n,  # noqa: E731
-                                                           gamma=gamma, seeds=seeds, **common)
-        timed = _timed_sets({"base": baseline, "spec": _per_set(gen, sets, lens, seed)}, repeats)
+        timed = _timed_sets({**sides, "spec": speculative(gamma, max_tokens)}, repeats)
         (base_s, base_outs), (spec_s, spec_outs) = timed["base"], timed["spec"]
         (base_n, _), (n, metrics) = _merge(base_outs), _merge(spec_outs)
+        decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
+                                 rows=sets.shape[0] * b)
         rows.append(_row("generate", method, b, temperature, gamma, summarize(metrics), n / spec_s, spec_s,
-                         base_n / base_s, base_s, prompts=sets.shape[0] * b))
+                         base_n / base_s, base_s, prompts=sets.shape[0] * b, decode_speedup=decode))
     return rows
 
 
-def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, base_seconds, prompts) -> dict:
+def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, base_seconds, prompts,
+         decode_speedup) -> dict:
     theory = expected_acceptance_length(s["token_acceptance_prob"], gamma)
     return {"path": path, "method": method, "batch": batch, "prompts": prompts, "temperature": temperature,
             "gamma": gamma, **s,
             "theory_acceptance_length": theory,
             "acceptance_length_vs_theory": s["mean_acceptance_length"] / theory - 1,
             "spec_seconds": seconds, "spec_tokens_per_s": tps,
-            "baseline_seconds": base_seconds, "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps}
+            "baseline_seconds": base_seconds, "baseline_tokens_per_s": base_tps, "speedup": tps / base_tps,
+            "decode_speedup": decode_speedup}
 
 
 def _engine_calls(llm, prompt_sets: list, params: list) -> list:
@@ -140,20 +166,29 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     sets = _prompt_sets(prompts)
     num_sets, batch = sets.shape[:2]
     prompt_sets = [[list(map(int, p)) for p in prompts] for prompts in sets]
-    params = [[SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i * batch + j,
-                              ignore_eos=True) for j in range(batch)] for i in range(num_sets)]
+    def params(tokens):
+        return [[SamplingParams(max_tokens=tokens, temperature=temperature, seed=seed + i * batch + j,
+                                ignore_eos=True) for j in range(batch)] for i in range(num_sets)]
+
     kw = {"max_num_seqs": batch, **engine_kwargs}
-    baseline = _engine_calls(LLM.from_params(tcfg, tparams, **kw), prompt_sets, params)
+    plain = LLM.from_params(tcfg, tparams, **kw)
+    baseline = {"base": _engine_calls(plain, prompt_sets, params(max_tokens)),
+                "base_prefill": _engine_calls(plain, prompt_sets, params(1))}
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
             spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma)
             llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
-            timed = _timed_sets({"base": baseline, "spec": _engine_calls(llm, prompt_sets, params)}, repeats,
-                                after_warmup=llm.engine.spec_runner.reset_metrics)  # acceptance: timed calls only
+            # its own engine (same jitted programs), so that llm.stats() counts only the full calls
+            prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
+            sides = {**baseline, "spec_prefill": _engine_calls(prefill_only, prompt_sets, params(1)),
+                     "spec": _engine_calls(llm, prompt_sets, params(max_tokens))}
+            timed = _timed_sets(sides, repeats, after_warmup=llm.engine.spec_runner.reset_metrics)
             (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
+            decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
+                                     rows=num_sets * batch)
             st = llm.stats()
             s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
             rows.append(_row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s,
-                             base_n / base_s, base_s, prompts=num_sets * batch))
+                             base_n / base_s, base_s, prompts=num_sets * batch, decode_speedup=decode))
     return rows

@@ -1,7 +1,10 @@
 """The speculative benchmark's timing: each point's calls alternate with its own baseline's."""
-import numpy as np
+import math
 
-from jaxserve.spec.benchmark import _interleaved, _per_set, _timed_sets
+import numpy as np
+import pytest
+
+from jaxserve.spec.benchmark import _decode_speedup, _interleaved, _per_set, _timed_sets
 
 
 def test_interleaved_warms_each_call_then_alternates_and_keeps_the_fastest():
@@ -32,3 +35,11 @@ def test_prompt_sets_are_timed_set_by_set_and_summed():
     assert {seeds for _, s, seeds in log if s == 1} == {(12, 13)}  # seeds unique across sets
     seconds, outs = out["spec"]
     assert seconds >= 0 and [seeds["rows"].tolist() for _, _, seeds in outs] == [[10, 11], [12, 13], [14, 15]]
+
+
+def test_decode_speedup_leaves_out_each_rows_first_token_and_the_prefill():
+    # 2 rows x 64 tokens: baseline 1.0 s of which 0.2 s prefill, speculative 0.6 s of which 0.25 s
+    assert _decode_speedup(128, 0.6, 0.25, 128, 1.0, 0.2, rows=2) == pytest.approx((126 / 0.35) / (126 / 0.8))
+    assert 128 / 0.6 / (128 / 1.0) < _decode_speedup(128, 0.6, 0.25, 128, 1.0, 0.2, rows=2)  # prefill dilutes e2e
+    assert math.isnan(_decode_speedup(128, 0.2, 0.25, 128, 1.0, 0.2, rows=2))  # noise: no time after the prefill
+    assert math.isnan(_decode_speedup(2, 0.6, 0.25, 128, 1.0, 0.2, rows=2))  # nothing after the first tokens
