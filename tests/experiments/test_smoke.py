@@ -87,7 +87,8 @@ def check_spec_decoding(res):
         per_row = cfg["max_tokens"] if r["path"] == "generate" else cfg["engine_max_tokens"]
         assert r["generated"] == r["prompts"] * per_row  # ignore_eos: each prompt to its max_tokens
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= r["gamma"] + 1
-        assert r["speedup"] > 0 and (r["decode_speedup"] > 0 or math.isnan(r["decode_speedup"]))  # NaN: noise
+        # decode_speedup is NaN (null in the JSON) when noise leaves a smoke call no time after its prefill
+        assert r["speedup"] > 0 and (r["decode_speedup"] is None or r["decode_speedup"] > 0)
 
 
 CHECKS = {"fp4_quant_error": check_fp4_quant_error, "fp4_perplexity": check_fp4_perplexity,
