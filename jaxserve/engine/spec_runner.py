@@ -271,26 +271,20 @@ def _fill_program(target_params, proposer_params, target_pool, draft_pool, token
     for a quantized target (static, as in ``runner._step``); float proposer weights are untouched by it."""
     _TRACES[0] += 1
     with matmul_context(quant):
-        return _fill(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last,
-                     sample_entry, sbatch, target_config, proposer_config, method, attention_impl)
-
-
-def _fill(target_params, proposer_params, target_pool, draft_pool, tokens, positions, meta, last, sample_entry,
-          sbatch, target_config, proposer_config, method, attention_impl):
-    if method == "medusa":
-        logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
-                                                          target_pool, meta, attention_impl=attention_impl,
-                                                          logits_indices=last)
-    else:
-        logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
-                                      attention_impl=attention_impl, logits_indices=last)
-        hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
-    if method == "draft_model":
-        _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
-                                attention_impl=attention_impl, logits_indices=last)
-    logits = logits[sample_entry]
-    toks = sample_tokens(logits, sbatch)
-    return toks, token_logprobs(logits, toks), hidden[sample_entry], target_pool, draft_pool
+        if method == "medusa":
+            logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
+                                                              target_pool, meta, attention_impl=attention_impl,
+                                                              logits_indices=last)
+        else:
+            logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
+                                          attention_impl=attention_impl, logits_indices=last)
+            hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
+        if method == "draft_model":
+            _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
+                                    attention_impl=attention_impl, logits_indices=last)
+        logits = logits[sample_entry]
+        toks = sample_tokens(logits, sbatch)
+        return toks, token_logprobs(logits, toks), hidden[sample_entry], target_pool, draft_pool
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("gamma", "max_ngram", "min_ngram"),
@@ -301,25 +295,19 @@ def _round_program(target_params, proposer_params, target_pool, draft_pool, inpu
     """One round for every row; extra is the n-gram history i32[B, H] or the Medusa hidden f32[B, E]."""
     _TRACES[0] += 1
     with matmul_context(quant):
-        return _one_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra, target_config,
-                          proposer_config, method, attention_impl, gamma, max_ngram, min_ngram)
-
-
-def _one_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra, target_config, proposer_config,
-               method, attention_impl, gamma, max_ngram, min_ngram):
-    state = jnp.zeros((), jnp.float32)
-    if method == "draft_model":
-        r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,
-                       draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
-        draft_pool = r.draft_pool
-    elif method == "ngram":
-        r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
-                        max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
-    else:
-        r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
-                         heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
-        state = r.draft_pool
-    return r.tokens, r.num_accepted, r.logprobs, state, r.target_pool, draft_pool
+        state = jnp.zeros((), jnp.float32)
+        if method == "draft_model":
+            r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,
+                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
+            draft_pool = r.draft_pool
+        elif method == "ngram":
+            r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
+                            max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
+        else:
+            r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
+                             heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
+            state = r.draft_pool
+        return r.tokens, r.num_accepted, r.logprobs, state, r.target_pool, draft_pool
 
 
 @functools.partial(jax.jit, donate_argnames=("pool",))

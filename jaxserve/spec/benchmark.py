@@ -113,12 +113,13 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
 
     def speculative(gamma, tokens):
         kw = dict(gamma=gamma, max_tokens=tokens, **common)
-        if method == "ngram":
-            gen = lambda p, n, seeds: ngram_generate(tparams, tcfg, p, n, seeds=seeds, **kw)  # noqa: E731
-        elif method == "medusa":
-            gen = lambda p, n, seeds: medusa_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)  # noqa: E731
-        else:
-            gen = lambda p, n, seeds: speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)  # noqa: E731
+
+        def gen(p, n, seeds):
+            if method == "ngram":
+                return ngram_generate(tparams, tcfg, p, n, seeds=seeds, **kw)
+            if method == "medusa":
+                return medusa_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)
+            return speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)
         return _per_set(gen, sets, lens, seed)
 
     sides = {"base": baseline(max_tokens), "base_prefill": baseline(1), "spec_prefill": speculative(1, 1)}

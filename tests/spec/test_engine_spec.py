@@ -220,7 +220,8 @@ def test_logprobs_with_speculation_are_the_targets(models, prompts, oracle, temp
     params[1] = SamplingParams(max_tokens=16, temperature=temperature, seed=7)  # not asked for: None
     outs = llm.generate(prompts, params, use_tqdm=False)
     if temperature == 0.0:
-        assert [o.outputs[0].token_ids for o in outs] == [row[:len(o.outputs[0].token_ids)] for row, o in zip(oracle, outs)]
+        got = [o.outputs[0].token_ids for o in outs]
+        assert got == [row[:len(g)] for row, g in zip(oracle, got)]
     assert outs[1].outputs[0].logprobs is None and outs[1].outputs[0].cumulative_logprob is None
     assert llm.stats()["spec_accepted"] > 0  # some tokens did come from rounds
     for o, p in zip(outs, prompts):
