@@ -127,15 +127,18 @@ def main():
     ap.add_argument("--inner", type=int, default=40)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--dtype", default=None, help="both models' dtype (default: the zoo's, float32)")
+    ap.add_argument("--matmul-dtype", default=None, help="both models' Dense dot operands (ModelConfig.matmul_dtype)")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxserve.models.loading import resolve_model
 
-    tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code")
-    target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft")[:2])
+    tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
+    target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft", args.dtype, args.matmul_dtype)[:2])
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-                  machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma)
+                  machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
+                  dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype)
     result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner)
     for k, v in result["parts"].items():
         print(f"{k:24s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)

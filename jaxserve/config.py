@@ -42,6 +42,10 @@ class ModelConfig:
     o_bias: bool = False  # Llama with attention_bias=True: True
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k before RoPE
     dtype: str = "float32"  # activations and params
+    # what Dense layers round their inputs and kernels to before the dot, summing in float32 (None: dtype).
+    # "bfloat16" on a float32 model is TPU's default matmul precision, or torch.autocast(bfloat16) for
+    # Linear layers: on CPUs with AVX512-BF16 XLA's multi-row dots then run ~2x faster (benchmarks/RESULTS.md)
+    matmul_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     # Mixture-of-Experts (jaxserve/moe). num_experts=0: every layer is the dense SwiGLU MLP.
@@ -68,6 +72,8 @@ class ModelConfig:
                  f"ModelConfig.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         _require(self.head_dim % 2 == 0, f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         _require(self.dtype in DTYPES, f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.matmul_dtype is None or self.matmul_dtype in DTYPES,
+                 f"ModelConfig.matmul_dtype must be None or one of {DTYPES}, got {self.matmul_dtype!r}")
         _require(self.rope_theta > 0, f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if self.num_experts:
             self._validate_moe()

@@ -30,6 +30,11 @@ class SpecDecodingConfig:
     repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the
                                       # fastest of each is kept); one more untimed of each compiles
     block_size: int = 16
+    # both models' Dense dot operands (float32 sums; null: the zoo's float32 throughout). bfloat16 is how
+    # serving runs bf16 checkpoints (the zoo stores its weights in bf16) and TPU's default precision; on a
+    # CPU with AVX512-BF16 it makes the γ+1-row verify ~1.5x cheaper while the 1-row decode step is
+    # bandwidth-bound either way (benchmarks/RESULTS.md, "bfloat16 matmuls")
+    matmul_dtype: Optional[str] = "bfloat16"
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)

@@ -22,7 +22,7 @@ import numpy as np
 
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
-from jaxserve.models.loading import resolve_model
+from jaxserve.models.loading import resolve_model, with_matmul_dtype
 from jaxserve.spec.benchmark import measure_engine_point, measure_point
 from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
 
@@ -39,12 +39,13 @@ FMT = {"temperature": "g", "token_acceptance_prob": ".3f", "acceptance_rate": ".
        "speedup": lambda r: f"{r['speedup']:.2f}x", "decode_speedup": lambda r: f"{r['decode_speedup']:.2f}x"}
 
 
-def load(name: str, seed: int):
+def load(name: str, seed: int, matmul_dtype: str | None = None):
     """(config, params, tokenizer or None); presets get random weights."""
     if name.startswith(PRESET):
         config = get_preset(name[len(PRESET):])
-        return config, jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed)), None
-    return resolve_model(name)
+        return (*with_matmul_dtype(config, jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed)),
+                                   matmul_dtype), None)
+    return resolve_model(name, matmul_dtype=matmul_dtype)
 
 
 def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
@@ -63,7 +64,7 @@ def proposers(cfg, tcfg, tparams):
     """method -> proposer weights: (config, params) of the draft or the Medusa heads; None for ngram."""
     out = {}
     if "draft_model" in cfg.methods + cfg.engine_methods:
-        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1)
+        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1, cfg.matmul_dtype)
         out["draft_model"] = (dcfg, dparams)
     if "ngram" in cfg.methods + cfg.engine_methods:
         out["ngram"] = None
@@ -77,7 +78,7 @@ def proposers(cfg, tcfg, tparams):
 
 
 def run(cfg, out):
-    tcfg, tparams, tok = load(cfg.target, cfg.seed)
+    tcfg, tparams, tok = load(cfg.target, cfg.seed, cfg.matmul_dtype)
     props = proposers(cfg, tcfg, tparams)
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     heads = props["medusa"][0].num_heads if "medusa" in props else 0

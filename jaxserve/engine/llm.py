@@ -25,19 +25,20 @@ class LLM:
     ``model``: ``"jaxserve/<zoo name>"``, a jaxserve checkpoint directory, or a local Hugging Face
     directory. Keyword arguments override ``EngineConfig`` fields (``block_size``,
     ``num_kv_blocks``, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
-    ``enable_prefix_caching``, ``attention_impl``, ...) and ``dtype`` the model's dtype.
+    ``enable_prefix_caching``, ``attention_impl``, ...), ``dtype`` the model's dtype and ``matmul_dtype``
+    its Dense layers' dot operands (float32 sums; "bfloat16" on a float32 model: TPU's default precision).
     ``speculative``: a ``SpeculativeConfig`` (draft model, n-gram lookup or Medusa heads); every
     check against the target runs before anything is built.
     """
 
-    def __init__(self, model: str, *, dtype: str | None = None, speculative: SpeculativeConfig | None = None,
-                 **engine_overrides):
+    def __init__(self, model: str, *, dtype: str | None = None, matmul_dtype: str | None = None,
+                 speculative: SpeculativeConfig | None = None, **engine_overrides):
         engine_config = _engine_config(engine_overrides)
         _check_speculative(speculative)
-        config, params, tokenizer = resolve_model(model, dtype)
+        config, params, tokenizer = resolve_model(model, dtype, matmul_dtype)
         # an MoE trained with loss-free balancing routes with its learned biases (state beside the weights)
         router_state = load_router_state(model_path(model)) if config.num_experts else None
-        proposer = _load_proposer(speculative, config, tokenizer, dtype)
+        proposer = _load_proposer(speculative, config, tokenizer, dtype, matmul_dtype)
         self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer, router_state)
 
     @classmethod
@@ -56,7 +57,7 @@ class LLM:
         if speculative is not None and draft is not None:
             proposer = _proposer(speculative, config, tokenizer, *draft[:2], draft[2] if len(draft) > 2 else tokenizer)
         else:
-            proposer = _load_proposer(speculative, config, tokenizer, None)
+            proposer = _load_proposer(speculative, config, tokenizer, None, None)
         self = cls.__new__(cls)
         self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer, router_state)
         return self
@@ -124,14 +125,15 @@ def _check_speculative(spec) -> None:
         raise ValueError(f"speculative must be a SpeculativeConfig or None, got {type(spec).__name__}")
 
 
-def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenizer, dtype) -> Proposer | None:
+def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenizer, dtype,
+                   matmul_dtype) -> Proposer | None:
     """Reads the proposer's weights from the paths in ``spec`` and checks them against the target."""
     if spec is None:
         return None
     if spec.method == "draft_model":
         if spec.draft_model is None:
             raise ValueError("SpeculativeConfig(method='draft_model') needs draft_model (a zoo name or directory)")
-        draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype)
+        draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype, matmul_dtype)
         return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer)
     if spec.method == "medusa":
         if spec.medusa_heads is None:

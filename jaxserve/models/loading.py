@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from jaxserve.checkpoint import is_checkpoint, load_model
 from jaxserve.models.hf import load_hf
+from jaxserve.models.transformer import param_shapes
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 ZOO_PREFIX = "jaxserve/"
@@ -22,11 +23,12 @@ def model_path(model: str) -> pathlib.Path:
     return path
 
 
-def resolve_model(model: str, dtype: str | None = None):
+def resolve_model(model: str, dtype: str | None = None, matmul_dtype: str | None = None):
     """Returns ``(config, params, tokenizer or None)``; only local files are ever read.
 
     ``model`` is ``"jaxserve/<zoo name>"``, a jaxserve checkpoint directory, or a local Hugging
-    Face directory (config.json + *.safetensors).
+    Face directory (config.json + *.safetensors). ``dtype`` casts the params and activations;
+    ``matmul_dtype`` sets ``ModelConfig.matmul_dtype`` (the Dense layers' dot operands, float32 sums).
     """
     path = model_path(model)
     if is_checkpoint(path):
@@ -39,8 +41,17 @@ def resolve_model(model: str, dtype: str | None = None):
     else:
         raise ValueError(f"model {model!r} is not a zoo name ('{ZOO_PREFIX}<name>'), a jaxserve checkpoint "
                          "directory or a local Hugging Face directory")
+    if matmul_dtype is not None:
+        config, params = with_matmul_dtype(config, params, matmul_dtype)
     tokenizer = load_tokenizer(path) if (path / TOKENIZER_FILE).is_file() else None
     return config, to_device(params), tokenizer
+
+
+def with_matmul_dtype(config, params, matmul_dtype: str | None):
+    """``config`` with ``matmul_dtype`` set, and ``params`` with every leaf in the dtype the model declares
+    for it under that setting (Dense kernels in the narrower of dtype and matmul_dtype, the rest as before)."""
+    config = config.replace(matmul_dtype=matmul_dtype)
+    return config, jax.tree.map(lambda x, s: x.astype(s.dtype), params, param_shapes(config))
 
 
 def to_device(params):

@@ -21,13 +21,14 @@ import jax.numpy as jnp
 from jaxserve.cache.kv_pool import KVPool, write_kv
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, attend, causal_attention, k_tokens_minor
-from jaxserve.models.layers import RMSNorm, SwiGLU, rope
+from jaxserve.models.layers import RMSNorm, SwiGLU, dense, rope
 
 _INIT = nn.initializers.normal(0.02)
 
 
-def _dense(features: int, bias: bool, dtype, name: str) -> nn.Dense:
-    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, kernel_init=_INIT, name=name)
+def _dense(config: ModelConfig, features: int, bias: bool, name: str) -> nn.Dense:
+    return dense(features, jnp.dtype(config.dtype), name, matmul_dtype=config.matmul_dtype, bias=bias,
+                 kernel_init=_INIT)
 
 
 class Attention(nn.Module):
@@ -38,9 +39,9 @@ class Attention(nn.Module):
     def __call__(self, x, positions, kv=None, meta: AttentionMetadata | None = None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         lead = x.shape[:-1]
-        q = _dense(c.num_heads * c.head_dim, c.qkv_bias, dt, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
-        k = _dense(c.num_kv_heads * c.head_dim, c.qkv_bias, dt, "k_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
-        v = _dense(c.num_kv_heads * c.head_dim, c.qkv_bias, dt, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
+        q = _dense(c, c.num_heads * c.head_dim, c.qkv_bias, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
+        k = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "k_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
+        v = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         else:
             kv = write_kv(*kv, k, v, meta.slot_mapping, k_tokens_minor=k_tokens_minor(self.attention_impl))
             o = attend(q, k, v, *kv, meta, self.attention_impl)
-        out = _dense(c.hidden_size, c.o_bias, dt, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
+        out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv
 
 
@@ -72,7 +73,7 @@ class DecoderLayer(nn.Module):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
             from jaxserve.moe.layer import MoEBlock  # here: jaxserve.moe imports models.layers
             return lambda h: MoEBlock(c, name="mlp")(h)[0]
-        return SwiGLU(c.hidden_size, c.intermediate_size, dt, name="mlp")
+        return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, name="mlp")
 
 
 class Transformer(nn.Module):
@@ -92,7 +93,7 @@ class Transformer(nn.Module):
         x = RMSNorm(c.rms_norm_eps, dt, name="final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
-        logits = embed.attend(x) if c.tie_word_embeddings else _dense(c.vocab_size, False, dt, "lm_head")(x)
+        logits = embed.attend(x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
         return logits.astype(jnp.float32), (None if kv_pool is None else new_pool)
 
 

@@ -47,7 +47,8 @@ def routed_experts(weights: dict, config: ModelConfig, x: jax.Array,
 
 def shared_experts(config: ModelConfig, name: str | None = None) -> SwiGLU:
     """The always-on experts as one SwiGLU module."""
-    return SwiGLU(config.hidden_size, config.shared_intermediate_size, jnp.dtype(config.dtype), name=name)
+    return SwiGLU(config.hidden_size, config.shared_intermediate_size, jnp.dtype(config.dtype), config.matmul_dtype,
+                  name=name)
 
 
 def shared_output(weights: dict, config: ModelConfig, x: jax.Array) -> jax.Array:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models.loading import with_matmul_dtype
 from jaxserve.spec import generate as gen
 from jaxserve.spec.generate import ngram_generate, speculative_generate, target_only_generate
 from jaxserve.spec.metrics import summarize
@@ -63,6 +64,20 @@ def test_greedy_speculative_equals_target_only(models, prompts, reference):
     s = summarize(metrics)
     assert 0.1 < s["acceptance_rate"] < 0.9, s  # partial acceptance, so rollback really happens
     assert len(set(accepted.tolist())) > 1, accepted  # rows accept different amounts
+
+
+def test_greedy_parity_holds_with_bfloat16_matmuls(models, prompts):
+    """Both models with bf16 dot operands (the experiment's default): the verify's multi-row dots and the
+    decode step's one-row dots round the same operands, so greedy parity still holds token for token."""
+    config, target = with_matmul_dtype(CONFIG, models[0], "bfloat16")
+    _, draft = with_matmul_dtype(CONFIG, models[1], "bfloat16")
+    base, _, _ = target_only_generate(target, config, prompts, LENS, max_tokens=MAX_TOKENS)
+    tokens, n, metrics = speculative_generate(target, config, draft, config, prompts, LENS, gamma=GAMMA,
+                                              max_tokens=MAX_TOKENS)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(base))
+    assert 0.1 < summarize(metrics)["acceptance_rate"] < 0.9
+    logits = forward_full(target, config, jnp.asarray(prompts))
+    assert np.abs(np.asarray(logits) - np.asarray(forward_full(models[0], CONFIG, jnp.asarray(prompts)))).max() > 1e-5
 
 
 def _truncate(reference, eos, max_tokens):
