@@ -1,6 +1,7 @@
 """Where a speculative round's time goes, against a target decode step (zoo pair, batch 1, greedy).
 
     python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
+                                          [--dtype bfloat16] [--matmul-dtype bfloat16]
 
 The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
 the round's cost in decode steps and the prefill's share. Two views, each timed alternately so

@@ -22,7 +22,8 @@ def cmd_generate(args) -> int:
     from jaxserve import LLM, SamplingParams
     from jaxserve.spec.config import SpeculativeConfig
     speculative = None if args.speculative_config is None else SpeculativeConfig.from_json(args.speculative_config)
-    llm = LLM(args.model, dtype=args.dtype, speculative=speculative, **_engine_from_overrides(args.overrides))
+    llm = LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
+              **_engine_from_overrides(args.overrides))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n)
     outs = llm.generate(args.prompt, params, use_tqdm=False)
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("-n", type=int, default=1, help="samples per prompt")
     gen.add_argument("--dtype", default=None, help="override the model dtype (float32, bfloat16)")
+    gen.add_argument("--matmul-dtype", default=None,
+                     help="round the Dense layers' dot operands to this dtype, summing in float32 (bfloat16)")
     gen.add_argument("--speculative-config", default=None, metavar="JSON",
                      help='speculative decoding, as vLLM\'s: \'{"method": "draft_model", "draft_model": '
                           '"jaxserve/tiny-code-draft", "num_speculative_tokens": 3}\'')

@@ -25,6 +25,8 @@ def test_generate_with_speculation_prints_the_greedy_text(capsys):
     assert capsys.readouterr().out == plain  # greedy speculation emits the target's own tokens
     assert main(args + ["--speculative-config", '{"num_speculative_tokens": 0}']) == 2
     assert "num_speculative_tokens must be an int >= 1" in capsys.readouterr().err
+    assert main(args + ["--matmul-dtype", "int8"]) == 2
+    assert "matmul_dtype must be None or one of" in capsys.readouterr().err
 
 
 def test_bench_throughput_with_speculation(tmp_path):
