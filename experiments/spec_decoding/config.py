@@ -1,9 +1,8 @@
 """Configuration of the speculative-decoding experiment (override with key=value arguments).
 
 Budget: the full grid (3 methods x γ 1..8 (Medusa: 1..num_heads) x batch 1/4/16 x T 0/1 on the
-while-loop path, plus the engine rows) took 1938 s (32 min) on the idle 2-core AMD EPYC (Zen 4) VM with
-bf16 matmuls at 35edd8e; 2994 s (50 min) on the 2-core Sapphire Rapids VM in float32 at
-255024e, with the prefill-only calls of the decode-phase speedup (2255 s without them at 7de7442; repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per point; 2876 s at
+while-loop path, plus the engine rows) took 2994 s (50 min) on the idle 2-core Sapphire Rapids VM at
+255024e (1938 s on the 2-core Zen 4 VM that replaced it, with bf16 matmuls, at 35edd8e), with the prefill-only calls of the decode-phase speedup (2255 s without them at 7de7442; repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per point; 2876 s at
 3d777d3, 2507 s with one prompt set per point at 6a9e588). Temperature is an array, not a static argument, so each
 (method, γ, batch) compiles once for both temperatures.
 """
@@ -31,11 +30,10 @@ class SpecDecodingConfig:
     repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the
                                       # fastest of each is kept); one more untimed of each compiles
     block_size: int = 16
-    # both models' Dense dot operands (float32 sums; null: the zoo's float32 throughout). bfloat16 is how
-    # serving runs bf16 checkpoints (the zoo stores its weights in bf16) and TPU's default precision; on a
-    # CPU with AVX512-BF16 it makes the γ+1-row verify ~1.5x cheaper while the 1-row decode step is
-    # bandwidth-bound either way (benchmarks/RESULTS.md, "bfloat16 matmuls")
-    matmul_dtype: Optional[str] = "bfloat16"
+    # both models' Dense dot operands, float32 sums (null: the zoo's float32 throughout). "bfloat16" makes
+    # both sides ~1.25x faster on a CPU with AVX512-BF16 and leaves their ratio where it was
+    # (benchmarks/RESULTS.md, "bfloat16 matmuls")
+    matmul_dtype: Optional[str] = None
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)

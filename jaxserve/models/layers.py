@@ -13,13 +13,22 @@ def _dot_via(matmul_dtype):
     What a bfloat16 GEMM does on GPUs and in PyTorch's CPU kernels (one rounding of f32 sums per
     Linear), and, for float32 operands, TPU's default matmul precision. XLA:CPU's bf16 -> bf16 dot is
     also ~2x slower than bf16 -> f32 on CPUs with AVX512-BF16.
+
+    A one-row lhs is given a second row: XLA:CPU hands multi-row dots to YNNPACK, which reads the bf16
+    kernel as it is, but runs one-row dots in its own float32 code, converting the whole kernel first, on
+    every engine step (a loop hoists it). Batch-1 decoding on the 2-core Zen 4, one process alternating:
+    a plain engine 554.7 ms (float32) / 753.5 (one row) / 467.6 (two rows); while-loop target-only
+    537.0 / 615.5 / 433.4 ms (benchmarks/RESULTS.md, "bfloat16 matmuls").
     """
     def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
         del preferred_element_type
         out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+        rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
+        if rows == 1:
+            lhs = jnp.concatenate([lhs, lhs])
         out = jax.lax.dot_general(lhs.astype(matmul_dtype), rhs.astype(matmul_dtype), dimension_numbers, precision,
                                   preferred_element_type=jnp.float32)
-        return out.astype(out_dtype)
+        return (out[:1] if rows == 1 else out).astype(out_dtype)
     return dot_general
 
 

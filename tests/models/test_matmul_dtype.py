@@ -17,15 +17,16 @@ def _bf16(x):
     return np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
 
 
-def test_dense_rounds_both_operands_and_sums_in_float32():
+@pytest.mark.parametrize("rows", [3, 1])  # one row takes the padded path (YNNPACK's bf16 kernels on CPU)
+def test_dense_rounds_both_operands_and_sums_in_float32(rows):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 40)).astype(np.float32)
+    x = rng.standard_normal((rows, 40)).astype(np.float32)
     w = rng.standard_normal((40, 24)).astype(np.float32)
     b = rng.standard_normal(24).astype(np.float32)
     layer = dense(24, jnp.float32, "proj", matmul_dtype=jnp.bfloat16, bias=True)
     variables = {"params": {"kernel": jnp.asarray(w), "bias": jnp.asarray(b)}}
     got = np.asarray(layer.apply(variables, jnp.asarray(x)))
-    assert got.dtype == np.float32
+    assert got.dtype == np.float32 and got.shape == (rows, 24)
     expected = _bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64) + b
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
     exact = x.astype(np.float64) @ w.astype(np.float64) + b
