@@ -2,6 +2,7 @@
 
     python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
                                           [--dtype bfloat16] [--matmul-dtype bfloat16]
+                                          [--draft-matmul-dtype float32]
 
 The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
 the round's cost in decode steps and the prefill's share. Two views, each timed alternately so
@@ -130,16 +131,20 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--dtype", default=None, help="both models' dtype (default: the zoo's, float32)")
     ap.add_argument("--matmul-dtype", default=None, help="both models' Dense dot operands (ModelConfig.matmul_dtype)")
+    ap.add_argument("--draft-matmul-dtype", default=None,
+                    help="the draft's Dense dot operands, when not --matmul-dtype's (the draft's precision never "
+                         "changes the output, only its acceptance)")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxserve.models.loading import resolve_model
 
     tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
-    target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft", args.dtype, args.matmul_dtype)[:2])
+    draft_mm = args.draft_matmul_dtype or args.matmul_dtype
+    target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft", args.dtype, draft_mm)[:2])
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
-                  dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype)
+                  dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype)
     result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner)
     for k, v in result["parts"].items():
         print(f"{k:24s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)

@@ -34,6 +34,9 @@ class SpecDecodingConfig:
     # both sides ~1.25x faster on a CPU with AVX512-BF16 and leaves their ratio where it was
     # (benchmarks/RESULTS.md, "bfloat16 matmuls")
     matmul_dtype: Optional[str] = None
+    # the draft's, when not matmul_dtype's (null: the same). The zoo draft is faster in float32 next to a
+    # bf16-matmul target (its one-row dots are tiny); only acceptance depends on it
+    draft_matmul_dtype: Optional[str] = None
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)

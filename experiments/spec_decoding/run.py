@@ -64,7 +64,7 @@ def proposers(cfg, tcfg, tparams):
     """method -> proposer weights: (config, params) of the draft or the Medusa heads; None for ngram."""
     out = {}
     if "draft_model" in cfg.methods + cfg.engine_methods:
-        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1, cfg.matmul_dtype)
+        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1, cfg.draft_matmul_dtype or cfg.matmul_dtype)
         out["draft_model"] = (dcfg, dparams)
     if "ngram" in cfg.methods + cfg.engine_methods:
         out["ngram"] = None

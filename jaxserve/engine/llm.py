@@ -10,7 +10,7 @@ from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.spec_runner import Proposer
 from jaxserve.engine.outputs import RequestOutput
-from jaxserve.models.loading import model_path, resolve_model
+from jaxserve.models.loading import model_path, resolve_model, with_matmul_dtype
 from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
@@ -55,7 +55,12 @@ class LLM:
         engine_config = _engine_config(engine_overrides)
         _check_speculative(speculative)
         if speculative is not None and draft is not None:
-            proposer = _proposer(speculative, config, tokenizer, *draft[:2], draft[2] if len(draft) > 2 else tokenizer)
+            draft_config, draft_params = draft[:2]
+            if speculative.method == "draft_model" and speculative.draft_matmul_dtype is not None:
+                draft_config, draft_params = with_matmul_dtype(draft_config, draft_params,
+                                                               speculative.draft_matmul_dtype)
+            proposer = _proposer(speculative, config, tokenizer, draft_config, draft_params,
+                                 draft[2] if len(draft) > 2 else tokenizer)
         else:
             proposer = _load_proposer(speculative, config, tokenizer, None, None)
         self = cls.__new__(cls)
@@ -133,7 +138,8 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
     if spec.method == "draft_model":
         if spec.draft_model is None:
             raise ValueError("SpeculativeConfig(method='draft_model') needs draft_model (a zoo name or directory)")
-        draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype, matmul_dtype)
+        draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype,
+                                                                    spec.draft_matmul_dtype or matmul_dtype)
         return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer)
     if spec.method == "medusa":
         if spec.medusa_heads is None:

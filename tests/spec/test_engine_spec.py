@@ -181,6 +181,10 @@ def test_bad_speculative_settings_raise_before_anything_is_built(models):
         SpeculativeConfig(method="eagle")
     with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
         SpeculativeConfig(num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="draft_matmul_dtype must be None or one of .*, got 'int8'"):
+        SpeculativeConfig(draft_matmul_dtype="int8")
+    with pytest.raises(ValueError, match="draft_matmul_dtype"):
+        SpeculativeConfig.from_json('{"draft_matmul_dtype": "fp4"}')
     spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
     wide = CONFIG.replace(vocab_size=32)
     with pytest.raises(ValueError, match="draft vocab_size 32 != target vocab_size 16"):
@@ -292,3 +296,18 @@ def test_warmup_compiles_every_program_a_workload_runs(models, prompts, oracle):
     forks = SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=1.0, seed=3, ignore_eos=True)
     llm.generate(prompts[:2], forks, use_tqdm=False)  # copy-on-write copies in both pools
     assert compiled(llm.stats()) == warm
+
+
+def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
+    """The draft's dot precision is its own (the output never depends on it): the in-memory draft is
+    rounded as asked, the target keeps its float32 kernels."""
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA, draft_matmul_dtype="bfloat16")
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]), **ENGINE)
+    proposer = llm.engine.spec_runner.proposer
+    assert proposer.config.matmul_dtype == "bfloat16" and llm.engine.runner.config.matmul_dtype is None
+    kernel = proposer.params["layers_0"]["mlp"]["up_proj"]["kernel"]
+    assert kernel.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(kernel, np.float32),
+                                  np.asarray(models["near"]["layers_0"]["mlp"]["up_proj"]["kernel"].astype(jnp.bfloat16),
+                                             np.float32))
+    assert llm.engine.runner.params["layers_0"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32

@@ -80,6 +80,17 @@ def test_greedy_parity_holds_with_bfloat16_matmuls(models, prompts):
     assert np.abs(np.asarray(logits) - np.asarray(forward_full(models[0], CONFIG, jnp.asarray(prompts)))).max() > 1e-5
 
 
+def test_greedy_parity_holds_with_a_float32_draft_beside_bfloat16_matmuls(models, prompts):
+    """The draft's precision is its own (``SpeculativeConfig.draft_matmul_dtype``): a float32 draft next to a
+    bf16-matmul target proposes differently, and the output is still the target's, token for token."""
+    config, target = with_matmul_dtype(CONFIG, models[0], "bfloat16")
+    base, _, _ = target_only_generate(target, config, prompts, LENS, max_tokens=MAX_TOKENS)
+    tokens, _, metrics = speculative_generate(target, config, models[1], CONFIG, prompts, LENS, gamma=GAMMA,
+                                              max_tokens=MAX_TOKENS)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(base))
+    assert 0.1 < summarize(metrics)["acceptance_rate"] < 0.9
+
+
 def _truncate(reference, eos, max_tokens):
     out, counts = np.full_like(reference, -1), []
     for r, row in enumerate(reference):
