@@ -2,7 +2,8 @@
 
 Budget: the full grid (3 methods x γ 1..8 (Medusa: 1..num_heads) x batch 1/4/16 x T 0/1 on the
 while-loop path, plus the engine rows) took 2994 s (50 min) on the idle 2-core Sapphire Rapids VM at
-255024e (1938 s on the 2-core Zen 4 VM that replaced it, with bf16 matmuls, at 35edd8e), with the prefill-only calls of the decode-phase speedup (2255 s without them at 7de7442; repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per point; 2876 s at
+255024e (1938 s on the 2-core Zen 4 VM that replaced it, with bf16 matmuls, at 35edd8e; 1879 s there with bf16
+matmuls and a float32 draft at b612e9b), with the prefill-only calls of the decode-phase speedup (2255 s without them at 7de7442; repeats=5, min_prompts=8: batch 1 and 4 run 8 and 2 prompt sets per point; 2876 s at
 3d777d3, 2507 s with one prompt set per point at 6a9e588). Temperature is an array, not a static argument, so each
 (method, γ, batch) compiles once for both temperatures.
 """
