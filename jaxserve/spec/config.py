@@ -48,6 +48,9 @@ class SpeculativeConfig:
         if self.draft_matmul_dtype is not None and self.draft_matmul_dtype not in DTYPES:
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype must be None or one of {DTYPES}, "
                              f"got {self.draft_matmul_dtype!r}")
+        if self.draft_matmul_dtype is not None and self.method != "draft_model":
+            raise ValueError(f"SpeculativeConfig.draft_matmul_dtype is for method 'draft_model', got method "
+                             f"{self.method!r} (its proposals run in the target's precision)")
 
     @property
     def gamma(self) -> int:

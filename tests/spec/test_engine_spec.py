@@ -185,6 +185,8 @@ def test_bad_speculative_settings_raise_before_anything_is_built(models):
         SpeculativeConfig(draft_matmul_dtype="int8")
     with pytest.raises(ValueError, match="draft_matmul_dtype"):
         SpeculativeConfig.from_json('{"draft_matmul_dtype": "fp4"}')
+    with pytest.raises(ValueError, match="draft_matmul_dtype is for method 'draft_model', got method 'ngram'"):
+        SpeculativeConfig(method="ngram", draft_matmul_dtype="float32")
     spec = SpeculativeConfig(num_speculative_tokens=GAMMA)
     wide = CONFIG.replace(vocab_size=32)
     with pytest.raises(ValueError, match="draft vocab_size 32 != target vocab_size 16"):

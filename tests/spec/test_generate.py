@@ -82,7 +82,7 @@ def test_greedy_parity_holds_with_bfloat16_matmuls(models, prompts):
 
 def test_greedy_parity_holds_with_a_float32_draft_beside_bfloat16_matmuls(models, prompts):
     """The draft's precision is its own (``SpeculativeConfig.draft_matmul_dtype``): a float32 draft next to a
-    bf16-matmul target proposes differently, and the output is still the target's, token for token."""
+    bf16-matmul target, and the output is still the target's, token for token."""
     config, target = with_matmul_dtype(CONFIG, models[0], "bfloat16")
     base, _, _ = target_only_generate(target, config, prompts, LENS, max_tokens=MAX_TOKENS)
     tokens, _, metrics = speculative_generate(target, config, models[1], CONFIG, prompts, LENS, gamma=GAMMA,
