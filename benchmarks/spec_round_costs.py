@@ -2,7 +2,7 @@
 
     python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
                                           [--dtype bfloat16] [--matmul-dtype bfloat16]
-                                          [--draft-matmul-dtype float32]
+                                          [--draft-matmul-dtype float32] [--touch-mib 0.5,2,8]
 
 The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
 the round's cost in decode steps and the prefill's share. Two views, each timed alternately so
@@ -11,10 +11,14 @@ drift in the machine's speed hits all parts alike:
 - ``parts``: a ``fori_loop`` of ``--inner`` iterations of one piece each (target decode step,
   γ+1-token verify, γ-token draft proposal, proposal feeding verify, whole ``spec_round``), batch 1,
   100 cached tokens, the 9-page table of the speculative benchmark's sequences; ms per iteration.
+- ``--touch-mib``: also the verify followed by a read of N MiB of other memory (a loop-carried buffer,
+  so XLA can neither hoist nor skip it), and that read alone: how much a round's other traffic (the
+  draft's weights, ~1.3 MiB a proposal) slows the target's next pass beyond its own cost.
 - ``program``: whole ``speculative_generate`` / ``target_only_generate`` calls on the speculative
-  benchmark's first batch-1 prompts (64 tokens each), at ``max_tokens`` 1 (prefill and setup) and 64;
-  per round = (call - prefill-only call) / rounds, per step likewise; ms, summed over prompts of
-  each prompt's fastest call.
+  benchmark's first batch-1 prompts (64 tokens each), at ``max_tokens`` 1 (prefill and setup), 33 and
+  64; per round = (call - prefill-only call) / rounds, per step likewise; the marginal round / step
+  from 33 to 64 tokens (one compiled program: both lie in the same output bucket), free of what a call
+  pays once; ms, summed over prompts of each prompt's fastest call.
 
 Figures: fastest and 25th percentile of ``--reps`` (parts) / ``--calls`` (program) timed calls.
 """
@@ -38,7 +42,13 @@ PAGE, PAGES, CACHED = 16, 9, 100
 IMPL = "auto"  # Pallas kernels on a GPU, the XLA path elsewhere (as the generate programs choose)
 
 
-def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
+def _touch(tok, buf):
+    """Reads all of ``buf`` in a way that depends on the loop: the traffic of some other piece of work."""
+    buf = buf.at[0].add(tok[0].astype(buf.dtype))
+    return tok + (jnp.sum(buf) > 3e38).astype(jnp.int32), buf
+
+
+def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[float, ...] = ()) -> dict:
     from jaxserve.models.transformer import forward
     from jaxserve.sampling import SamplingBatch
     from jaxserve.spec.generate import _new_pool
@@ -77,13 +87,21 @@ def parts(target, draft, gamma: int, reps: int, inner: int) -> dict:
                          gamma=gamma, attention_impl=IMPL)
         return out.target_pool, out.draft_pool, out.next.last_tokens
 
-    carry = (_new_pool(tcfg, PAGES, PAGE, IMPL), _new_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
+    pools = (_new_pool(tcfg, PAGES, PAGE, IMPL), _new_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
+    bodies = {name: (body, 0) for name, body in (
+        ("decode_step", decode), (f"verify_{gamma + 1}_tokens", verify), (f"draft_propose_gamma{gamma}", propose),
+        ("propose_then_verify", propose_verify), (f"spec_round_gamma{gamma}", round_))}
+    for mib in touch_mib:
+        bodies[f"touch_{mib:g}_mib"] = (lambda tp_, dp_, tok: (tp_, dp_, tok)), mib
+        bodies[f"verify_then_touch_{mib:g}_mib"] = verify, mib
     fns = {}
-    for name, body in (("decode_step", decode), (f"verify_{gamma + 1}_tokens", verify),
-                       (f"draft_propose_gamma{gamma}", propose), ("propose_then_verify", propose_verify),
-                       (f"spec_round_gamma{gamma}", round_)):
-        exe = jax.jit(lambda c, body=body: jax.lax.fori_loop(0, inner, lambda _, c: body(*c), c))
-        fns[name] = lambda exe=exe: exe(carry)
+    for name, (body, mib) in bodies.items():
+        def step(tpool, dpool, tok, buf, body=body, mib=mib):
+            tpool, dpool, tok = body(tpool, dpool, tok)
+            return (tpool, dpool, *_touch(tok, buf)) if mib else (tpool, dpool, tok, buf)
+        exe = jax.jit(lambda c, step=step: jax.lax.fori_loop(0, inner, lambda _, c: step(*c), c))
+        carry = (*pools, jnp.zeros(max(1, int(mib * 2**18)), jnp.float32))
+        fns[name] = lambda exe=exe, carry=carry: exe(carry)
     return time_alternating(fns, reps, per=inner)
 
 
@@ -106,19 +124,23 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) 
     def base(p, max_tokens):
         return target_only_generate(tp, tcfg, p, lens, max_tokens=max_tokens, **kw)[0]
 
+    lengths = (1, 33, 64)  # 33 and 64 share an output bucket, hence a compiled program
     fns = {}
     for i, p in enumerate(prompts):
-        for max_tokens in (1, 64):
+        for max_tokens in lengths:
             fns[("spec", max_tokens, i)] = lambda p=p, i=i, m=max_tokens: spec(p, i, m)
             fns[("base", max_tokens, i)] = lambda p=p, m=max_tokens: base(p, m)
     res = time_alternating(fns, calls)
     total = {(side, m): sum(res[side, m, i]["min_ms"] for i in range(len(prompts))) for side in ("spec", "base")
-             for m in (1, 64)}
-    num_rounds = sum(int(np.asarray(rounds[i, 64]).sum()) for i in range(len(prompts)))
-    return {"prompts": len(prompts), "rounds": num_rounds,
+             for m in lengths}
+    num_rounds = {m: sum(int(np.asarray(rounds[i, m]).sum()) for i in range(len(prompts))) for m in (33, 64)}
+    n = len(prompts)
+    return {"prompts": n, "rounds": num_rounds[64], "rounds_at_33": num_rounds[33],
             **{f"{side}_max_tokens_{m}_ms": t for (side, m), t in total.items()},
-            "per_round_ms": (total["spec", 64] - total["spec", 1]) / num_rounds,
-            "per_decode_step_ms": (total["base", 64] - total["base", 1]) / (63 * len(prompts)),
+            "per_round_ms": (total["spec", 64] - total["spec", 1]) / num_rounds[64],
+            "per_decode_step_ms": (total["base", 64] - total["base", 1]) / (63 * n),
+            "marginal_round_ms": (total["spec", 64] - total["spec", 33]) / (num_rounds[64] - num_rounds[33]),
+            "marginal_decode_step_ms": (total["base", 64] - total["base", 33]) / (31 * n),
             "speedup": total["base", 64] / total["spec", 64]}
 
 
@@ -134,6 +156,8 @@ def main():
     ap.add_argument("--draft-matmul-dtype", default=None,
                     help="the draft's Dense dot operands, when not --matmul-dtype's (the draft's precision never "
                          "changes the output, only its acceptance)")
+    ap.add_argument("--touch-mib", default="", help="comma-separated sizes N: also time the verify followed by a "
+                                                     "read of N MiB of other memory, and that read alone")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -145,9 +169,15 @@ def main():
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
                   dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype)
-    result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner)
+    touch = tuple(float(x) for x in args.touch_mib.split(",") if x)
+    result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner, touch)
     for k, v in result["parts"].items():
-        print(f"{k:24s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)
+        print(f"{k:26s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)
+    res, verify = result["parts"], result["parts"][f"verify_{args.gamma + 1}_tokens"]["min_ms"]
+    excess = {"propose_then_verify": res[f"draft_propose_gamma{args.gamma}"]["min_ms"]}
+    excess.update({f"verify_then_touch_{m:g}_mib": res[f"touch_{m:g}_mib"]["min_ms"] for m in touch})
+    for k, other in excess.items():
+        print(f"{k:26s} exceeds verify + its other part by {res[k]['min_ms'] - verify - other:+.3f} ms", flush=True)
     if args.skip_program:
         return
     result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts)
