@@ -124,7 +124,10 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) 
     def base(p, max_tokens):
         return target_only_generate(tp, tcfg, p, lens, max_tokens=max_tokens, **kw)[0]
 
-    lengths = (1, 33, 64)  # 33 and 64 share an output bucket, hence a compiled program
+    from jaxserve.engine.buckets import bucket, powers_of_two
+
+    lengths = (1, 33, 64)
+    assert bucket(33, powers_of_two(8, 33)) == bucket(64, powers_of_two(8, 64)), "33 and 64: one compiled program"
     fns = {}
     for i, p in enumerate(prompts):
         for max_tokens in lengths:
