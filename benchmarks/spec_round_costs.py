@@ -3,6 +3,7 @@
     python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
                                           [--dtype bfloat16] [--matmul-dtype bfloat16]
                                           [--draft-matmul-dtype float32] [--touch-mib 0.5,2,8]
+                                          [--random-target 512,1408,8]
 
 The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
 the round's cost in decode steps and the prefill's share. Two views, each timed alternately so
@@ -14,6 +15,10 @@ drift in the machine's speed hits all parts alike:
 - ``--touch-mib``: also the verify followed by a read of N MiB of other memory (a loop-carried buffer,
   so XLA can neither hoist nor skip it), and that read alone: how much a round's other traffic (the
   draft's weights, ~1.3 MiB a proposal) slows the target's next pass beyond its own cost.
+- ``--random-target H,I,L``: the parts for a target of the zoo target's family with hidden H,
+  intermediate I and L layers, random weights (head_dim 32 as the zoo's; its acceptance would mean
+  nothing, so no ``program`` view): what a round costs in decode steps when the target's weights do not
+  fit in the CPU's caches, as a real model's would not.
 - ``program``: whole ``speculative_generate`` / ``target_only_generate`` calls on the speculative
   benchmark's first batch-1 prompts (64 tokens each), at ``max_tokens`` 1 (prefill and setup), 33 and
   64; per round = (call - prefill-only call) / rounds, per step likewise; the marginal round / step
@@ -147,6 +152,18 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) 
             "speedup": total["base", 64] / total["spec", 64]}
 
 
+def random_target(zoo_config, hidden: int, intermediate: int, layers: int):
+    """(config, params): the zoo target's family at another size, random weights, its matmul dtype kept."""
+    from jaxserve.models.loading import with_matmul_dtype
+    from jaxserve.models.transformer import init_params
+
+    heads = hidden // zoo_config.head_dim
+    config = zoo_config.replace(hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+                                num_heads=heads, num_kv_heads=max(1, heads // 2), matmul_dtype=None)
+    params = init_params(config, jax.random.key(0))
+    return with_matmul_dtype(config, params, zoo_config.matmul_dtype)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gamma", type=int, default=5)
@@ -161,6 +178,8 @@ def main():
                          "changes the output, only its acceptance)")
     ap.add_argument("--touch-mib", default="", help="comma-separated sizes N: also time the verify followed by a "
                                                      "read of N MiB of other memory, and that read alone")
+    ap.add_argument("--random-target", default=None, metavar="H,I,L",
+                    help="parts only, for a random-weight target with hidden H, intermediate I, L layers")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -169,9 +188,13 @@ def main():
     tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
     draft_mm = args.draft_matmul_dtype or args.matmul_dtype
     target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft", args.dtype, draft_mm)[:2])
+    if args.random_target:
+        target = random_target(tcfg, *map(int, args.random_target.split(",")))
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
-                  dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype)
+                  dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype,
+                  target_params_mib=sum(x.nbytes for x in jax.tree.leaves(target[1])) / 2**20,
+                  random_target=args.random_target)
     touch = tuple(float(x) for x in args.touch_mib.split(",") if x)
     result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner, touch)
     for k, v in result["parts"].items():
@@ -181,10 +204,12 @@ def main():
     excess.update({f"verify_then_touch_{m:g}_mib": res[f"touch_{m:g}_mib"]["min_ms"] for m in touch})
     for k, other in excess.items():
         print(f"{k:26s} exceeds verify + its other part by {res[k]['min_ms'] - verify - other:+.3f} ms", flush=True)
-    if args.skip_program:
-        return
-    result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts)
-    print(json.dumps(result["program"], indent=1), flush=True)
+    step = res["decode_step"]["min_ms"]
+    print(f"target params {result['target_params_mib']:.1f} MiB; in decode steps: verify {verify / step:.2f}, "
+          f"round {res[f'spec_round_gamma{args.gamma}']['min_ms'] / step:.2f}", flush=True)
+    if not (args.skip_program or args.random_target):
+        result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts)
+        print(json.dumps(result["program"], indent=1), flush=True)
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
 
