@@ -3,7 +3,7 @@
     python benchmarks/spec_round_costs.py [--gamma 5] [--reps 30] [--calls 10] [--out costs.json]
                                           [--dtype bfloat16] [--matmul-dtype bfloat16]
                                           [--draft-matmul-dtype float32] [--touch-mib 0.5,2,8]
-                                          [--random-target 512,1408,8]
+                                          [--random-target 512,1408,8 | --widen-mlp 4928]
 
 The speculative speedup is (prefill + N decode steps) / (prefill + R rounds), so what matters is
 the round's cost in decode steps and the prefill's share. Two views, each timed alternately so
@@ -19,6 +19,9 @@ drift in the machine's speed hits all parts alike:
   intermediate I and L layers, random weights (head_dim 32 as the zoo's; its acceptance would mean
   nothing, so no ``program`` view): what a round costs in decode steps when the target's weights do not
   fit in the CPU's caches, as a real model's would not.
+- ``--widen-mlp I``: both views for the zoo target with its MLPs widened to I by zero weights: the same
+  function (the draft agrees with it as with the zoo target; the script reports whether its greedy
+  tokens equal the zoo target's), more bytes and FLOPs a step, as a target past the caches.
 - ``program``: whole ``speculative_generate`` / ``target_only_generate`` calls on the speculative
   benchmark's first batch-1 prompts (64 tokens each), at ``max_tokens`` 1 (prefill and setup), 33 and
   64; per round = (call - prefill-only call) / rounds, per step likewise; the marginal round / step
@@ -110,7 +113,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
     return time_alternating(fns, reps, per=inner)
 
 
-def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) -> dict:
+def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None) -> dict:
     from experiments.spec_decoding.config import CONFIG
     from experiments.spec_decoding.run import make_prompts
     from jaxserve.spec.generate import speculative_generate, target_only_generate
@@ -143,7 +146,14 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int) 
              for m in lengths}
     num_rounds = {m: sum(int(np.asarray(rounds[i, m]).sum()) for i in range(len(prompts))) for m in (33, 64)}
     n = len(prompts)
-    return {"prompts": n, "rounds": num_rounds[64], "rounds_at_33": num_rounds[33],
+    outputs = {side: [np.asarray(f(p, 64) if side == "base" else spec(p, i, 64)) for i, p in enumerate(prompts)]
+               for side, f in (("base", base), ("spec", None))}
+    checks = {"spec_tokens_equal_base": sum(np.array_equal(a, b) for a, b in zip(*outputs.values()))}
+    if reference is not None:  # the widened target must generate what the zoo target does
+        rcfg, rp = reference
+        ref = [np.asarray(target_only_generate(rp, rcfg, p, lens, max_tokens=64, **kw)[0]) for p in prompts]
+        checks["base_tokens_equal_reference"] = sum(np.array_equal(a, b) for a, b in zip(outputs["base"], ref))
+    return {"prompts": n, **checks, "rounds": num_rounds[64], "rounds_at_33": num_rounds[33],
             **{f"{side}_max_tokens_{m}_ms": t for (side, m), t in total.items()},
             "per_round_ms": (total["spec", 64] - total["spec", 1]) / num_rounds[64],
             "per_decode_step_ms": (total["base", 64] - total["base", 1]) / (63 * n),
@@ -164,6 +174,23 @@ def random_target(zoo_config, hidden: int, intermediate: int, layers: int):
     return with_matmul_dtype(config, params, zoo_config.matmul_dtype)
 
 
+def widened_target(config, params, intermediate: int):
+    """(config, params): every MLP widened to ``intermediate`` with zero weights. silu(0) * 0 = 0 and the
+    new rows of down_proj are 0, so each layer's output is the same sum plus exact zeros."""
+    width = intermediate - config.intermediate_size
+    if width < 0:
+        raise ValueError(f"--widen-mlp {intermediate} is below the target's intermediate_size {config.intermediate_size}")
+
+    def widen(path, x):
+        names = [getattr(k, "key", None) for k in path]
+        if "gate_proj" in names or "up_proj" in names:
+            return jnp.pad(x, ((0, 0), (0, width)))
+        if "down_proj" in names:
+            return jnp.pad(x, ((0, width), (0, 0)))
+        return x
+    return config.replace(intermediate_size=intermediate), jax.tree_util.tree_map_with_path(widen, params)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gamma", type=int, default=5)
@@ -180,6 +207,8 @@ def main():
                                                      "read of N MiB of other memory, and that read alone")
     ap.add_argument("--random-target", default=None, metavar="H,I,L",
                     help="parts only, for a random-weight target with hidden H, intermediate I, L layers")
+    ap.add_argument("--widen-mlp", type=int, default=None, metavar="I",
+                    help="the zoo target with its MLPs widened to I by zero weights (same function, more bytes)")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -190,11 +219,13 @@ def main():
     target, draft = (tcfg, tparams), tuple(resolve_model("jaxserve/tiny-code-draft", args.dtype, draft_mm)[:2])
     if args.random_target:
         target = random_target(tcfg, *map(int, args.random_target.split(",")))
+    elif args.widen_mlp:
+        target = widened_target(tcfg, tparams, args.widen_mlp)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
                   dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype,
                   target_params_mib=sum(x.nbytes for x in jax.tree.leaves(target[1])) / 2**20,
-                  random_target=args.random_target)
+                  random_target=args.random_target, widen_mlp=args.widen_mlp)
     touch = tuple(float(x) for x in args.touch_mib.split(",") if x)
     result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner, touch)
     for k, v in result["parts"].items():
@@ -208,7 +239,8 @@ def main():
     print(f"target params {result['target_params_mib']:.1f} MiB; in decode steps: verify {verify / step:.2f}, "
           f"round {res[f'spec_round_gamma{args.gamma}']['min_ms'] / step:.2f}", flush=True)
     if not (args.skip_program or args.random_target):
-        result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts)
+        result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts,
+                                    reference=(tcfg, tparams) if args.widen_mlp else None)
         print(json.dumps(result["program"], indent=1), flush=True)
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
