@@ -174,23 +174,6 @@ def random_target(zoo_config, hidden: int, intermediate: int, layers: int):
     return with_matmul_dtype(config, params, zoo_config.matmul_dtype)
 
 
-def widened_target(config, params, intermediate: int):
-    """(config, params): every MLP widened to ``intermediate`` with zero weights. silu(0) * 0 = 0 and the
-    new rows of down_proj are 0, so each layer's output is the same sum plus exact zeros."""
-    width = intermediate - config.intermediate_size
-    if width < 0:
-        raise ValueError(f"--widen-mlp {intermediate} is below the target's intermediate_size {config.intermediate_size}")
-
-    def widen(path, x):
-        names = [getattr(k, "key", None) for k in path]
-        if "gate_proj" in names or "up_proj" in names:
-            return jnp.pad(x, ((0, 0), (0, width)))
-        if "down_proj" in names:
-            return jnp.pad(x, ((0, width), (0, 0)))
-        return x
-    return config.replace(intermediate_size=intermediate), jax.tree_util.tree_map_with_path(widen, params)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gamma", type=int, default=5)
@@ -212,7 +195,7 @@ def main():
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from jaxserve.models.loading import resolve_model
+    from jaxserve.models.loading import resolve_model, widen_mlp
 
     tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
     draft_mm = args.draft_matmul_dtype or args.matmul_dtype
@@ -220,7 +203,7 @@ def main():
     if args.random_target:
         target = random_target(tcfg, *map(int, args.random_target.split(",")))
     elif args.widen_mlp:
-        target = widened_target(tcfg, tparams, args.widen_mlp)
+        target = widen_mlp(tcfg, tparams, args.widen_mlp)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
                   dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype,

@@ -38,6 +38,10 @@ class SpecDecodingConfig:
     # the draft's, when not matmul_dtype's (null: the same). The zoo draft is faster in float32 next to a
     # bf16-matmul target (its one-row dots are tiny); only acceptance depends on it
     draft_matmul_dtype: Optional[str] = None
+    # the target's MLPs widened to this intermediate size by zero weights (jaxserve.models.loading.widen_mlp):
+    # the same tokens, so the draft keeps its acceptance, but more bytes a step: a stand-in for a target past
+    # the CPU's caches (the zoo target nearly fits in them). null: the target as loaded
+    target_widen_mlp: Optional[int] = None
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)

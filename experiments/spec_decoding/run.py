@@ -22,7 +22,7 @@ import numpy as np
 
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
-from jaxserve.models.loading import resolve_model, with_matmul_dtype
+from jaxserve.models.loading import resolve_model, widen_mlp, with_matmul_dtype
 from jaxserve.spec.benchmark import measure_engine_point, measure_point
 from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
 
@@ -79,10 +79,15 @@ def proposers(cfg, tcfg, tparams):
 
 def run(cfg, out):
     tcfg, tparams, tok = load(cfg.target, cfg.seed, cfg.matmul_dtype)
+    widened = ""
+    if cfg.target_widen_mlp:
+        tcfg, tparams = widen_mlp(tcfg, tparams, cfg.target_widen_mlp)
+        widened = (f" with its MLPs widened to {cfg.target_widen_mlp} by zero weights (the same tokens, more bytes "
+                   "a step)")
     props = proposers(cfg, tcfg, tparams)
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     heads = props["medusa"][0].num_heads if "medusa" in props else 0
-    out.text(f"Target {cfg.target}; draft {cfg.draft}; Medusa heads "
+    out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "

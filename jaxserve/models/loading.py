@@ -54,6 +54,33 @@ def with_matmul_dtype(config, params, matmul_dtype: str | None):
     return config, jax.tree.map(lambda x, s: x.astype(s.dtype), params, param_shapes(config))
 
 
+def widen_mlp(config, params, intermediate: int):
+    """``(config, params)`` with every MLP widened to ``intermediate`` by zero weights: the same function
+    (silu(0) * 0 = 0 through new rows of down_proj that are 0), more bytes and FLOPs a step.
+
+    A stand-in for a larger target with the same tokens, so that speculative decoding is measured where
+    the target's weights no longer fit in a CPU's caches while the draft keeps its real acceptance
+    (``benchmarks/RESULTS.md``). Dense models only.
+    """
+    if config.num_experts:
+        raise ValueError(f"widen_mlp widens dense MLPs; this model has num_experts={config.num_experts}")
+    width = intermediate - config.intermediate_size
+    if width < 0:
+        raise ValueError(f"intermediate {intermediate} is below the model's intermediate_size "
+                         f"{config.intermediate_size}")
+
+    def widen(path, x):
+        names = {getattr(k, "key", None) for k in path}
+        if "mlp" not in names:
+            return x
+        if names & {"gate_proj", "up_proj"}:  # kernel [E, I] (and a bias [I], if any): new outputs
+            return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width)])
+        if x.ndim == 2:  # down_proj's kernel [I, E]: new inputs
+            return jnp.pad(x, ((0, width), (0, 0)))
+        return x
+    return config.replace(intermediate_size=intermediate), jax.tree_util.tree_map_with_path(widen, params)
+
+
 def to_device(params):
     """Params as device arrays. Orbax restores numpy arrays, and a jitted call copies every numpy
     argument to the device on every call: for tiny-code (26 MB) ~6 ms per engine step, more
