@@ -13,8 +13,9 @@ drift in the machine's speed hits all parts alike:
   γ+1-token verify, γ-token draft proposal, proposal feeding verify, whole ``spec_round``), batch 1,
   100 cached tokens, the 9-page table of the speculative benchmark's sequences; ms per iteration.
 - ``--touch-mib``: also the verify followed by a read of N MiB of other memory (a loop-carried buffer,
-  so XLA can neither hoist nor skip it), and that read alone: how much a round's other traffic (the
-  draft's weights, ~1.3 MiB a proposal) slows the target's next pass beyond its own cost.
+  so XLA can neither hoist nor skip it), and that read alone: what the two cost together beyond their
+  own costs, as each reads its data after the other has pushed some of it out of the caches (the
+  draft's ~1.3 MiB a proposal, read back after every target pass, is most of a round's excess).
 - ``--random-target H,I,L``: the parts for a target of the zoo target's family with hidden H,
   intermediate I and L layers, random weights (head_dim 32 as the zoo's; its acceptance would mean
   nothing, so no ``program`` view): what a round costs in decode steps when the target's weights do not
