@@ -24,7 +24,8 @@ def test_widened_weights_are_the_old_ones_padded_with_zeros(params):
     np.testing.assert_array_equal(mlp["up_proj"]["kernel"][:, :176], old["up_proj"]["kernel"])
     np.testing.assert_array_equal(mlp["down_proj"]["kernel"][:176], old["down_proj"]["kernel"])
     assert not np.any(mlp["gate_proj"]["kernel"][:, 176:]) and not np.any(mlp["down_proj"]["kernel"][176:])
-    np.testing.assert_array_equal(wide["layers_1"]["attn"]["q_proj"]["kernel"], params["layers_1"]["attn"]["q_proj"]["kernel"])
+    q_proj = lambda p: p["layers_1"]["attn"]["q_proj"]["kernel"]  # noqa: E731
+    np.testing.assert_array_equal(q_proj(wide), q_proj(params))
 
 
 @pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
