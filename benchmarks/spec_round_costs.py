@@ -57,7 +57,7 @@ def _touch(tok, buf):
     return tok + (jnp.sum(buf) > 3e38).astype(jnp.int32), buf
 
 
-def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[float, ...] = ()) -> dict:
+def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[float, ...] = (), head=None) -> dict:
     from jaxserve.models.transformer import forward
     from jaxserve.sampling import SamplingBatch
     from jaxserve.spec.generate import _new_pool
@@ -83,17 +83,17 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
         return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
 
     def propose(tpool, dpool, tok):
-        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL)
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL, head)
         return tpool, dpool, x[:, -1]
 
     def propose_verify(tpool, dpool, tok):  # the round without acceptance: what is left of it is accept + bookkeeping
-        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL)
+        x, _, dpool = draft_propose(dp, dcfg, dpool, inputs.replace(last_tokens=tok), uniforms, IMPL, head)
         logits, tpool = target_verify(tp, tcfg, tpool, inputs.replace(last_tokens=tok), x, IMPL)
         return tpool, dpool, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
 
     def round_(tpool, dpool, tok):
         out = spec_round(tp, dp, tpool, dpool, inputs.replace(last_tokens=tok), target_config=tcfg, draft_config=dcfg,
-                         gamma=gamma, attention_impl=IMPL)
+                         gamma=gamma, attention_impl=IMPL, draft_head=head)
         return out.target_pool, out.draft_pool, out.next.last_tokens
 
     pools = (_new_pool(tcfg, PAGES, PAGE, IMPL), _new_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
@@ -114,7 +114,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
     return time_alternating(fns, reps, per=inner)
 
 
-def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None) -> dict:
+def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None, head=None) -> dict:
     from experiments.spec_decoding.config import CONFIG
     from experiments.spec_decoding.run import make_prompts
     from jaxserve.spec.generate import speculative_generate, target_only_generate
@@ -126,7 +126,8 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, 
     rounds = {}
 
     def spec(p, i, max_tokens):
-        out = speculative_generate(tp, tcfg, dp, dcfg, p, lens, gamma=gamma, max_tokens=max_tokens, **kw)
+        out = speculative_generate(tp, tcfg, dp, dcfg, p, lens, gamma=gamma, max_tokens=max_tokens, draft_head=head,
+                                   **kw)
         rounds[i, max_tokens] = out[2].rounds
         return out[0]
 
@@ -193,10 +194,14 @@ def main():
                     help="parts only, for a random-weight target with hidden H, intermediate I, L layers")
     ap.add_argument("--widen-mlp", type=int, default=None, metavar="I",
                     help="the zoo target with its MLPs widened to I by zero weights (same function, more bytes)")
+    ap.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                    help="the draft proposes only its N most frequent tokens (SpeculativeConfig.draft_vocab_size)")
     ap.add_argument("--skip-program", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from jaxserve.models.loading import resolve_model, widen_mlp
+    from jaxserve.models.loading import model_path, resolve_model, widen_mlp
+    from jaxserve.spec.draft_vocab import restrict_head
+    from jaxserve.spec.token_counts import load_counts, most_frequent
 
     tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
     draft_mm = args.draft_matmul_dtype or args.matmul_dtype
@@ -209,9 +214,13 @@ def main():
                   machine=platform.processor() or platform.machine(), jax=jax.__version__, gamma=args.gamma,
                   dtype=tcfg.dtype, matmul_dtype=tcfg.matmul_dtype, draft_matmul_dtype=draft[0].matmul_dtype,
                   target_params_mib=sum(x.nbytes for x in jax.tree.leaves(target[1])) / 2**20,
-                  random_target=args.random_target, widen_mlp=args.widen_mlp)
+                  random_target=args.random_target, widen_mlp=args.widen_mlp, draft_vocab=args.draft_vocab)
+    head = None
+    if args.draft_vocab:
+        counts = load_counts(model_path("jaxserve/tiny-code-draft"), draft[0].vocab_size)
+        head = restrict_head(*draft, most_frequent(counts, args.draft_vocab))
     touch = tuple(float(x) for x in args.touch_mib.split(",") if x)
-    result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner, touch)
+    result["parts"] = parts(target, draft, args.gamma, args.reps, args.inner, touch, head)
     for k, v in result["parts"].items():
         print(f"{k:26s} min {v['min_ms']:.3f} ms  p25 {v['p25_ms']:.3f} ms", flush=True)
     res, verify = result["parts"], result["parts"][f"verify_{args.gamma + 1}_tokens"]["min_ms"]
@@ -224,7 +233,7 @@ def main():
           f"round {res[f'spec_round_gamma{args.gamma}']['min_ms'] / step:.2f}", flush=True)
     if not (args.skip_program or args.random_target):
         result["program"] = program(target, draft, tokenizer, args.gamma, args.calls, args.prompts,
-                                    reference=(tcfg, tparams) if args.widen_mlp else None)
+                                    reference=(tcfg, tparams) if args.widen_mlp else None, head=head)
         print(json.dumps(result["program"], indent=1), flush=True)
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1))

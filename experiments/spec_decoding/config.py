@@ -42,6 +42,9 @@ class SpecDecodingConfig:
     # the same tokens, so the draft keeps its acceptance, but more bytes a step: a stand-in for a target past
     # the CPU's caches (the zoo target nearly fits in them). null: the target as loaded
     target_widen_mlp: Optional[int] = None
+    # the draft proposes only its vocabulary's N most frequent tokens, its LM head cut to them (FR-Spec;
+    # SpeculativeConfig.draft_vocab_size; counts from token_counts.json beside the draft). null: all tokens
+    draft_vocab_size: Optional[int] = None
     # the engine path (LLM.generate, one round per step) for these methods and γs, same batches/temperatures
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)

@@ -22,8 +22,10 @@ import numpy as np
 
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
-from jaxserve.models.loading import resolve_model, widen_mlp, with_matmul_dtype
+from jaxserve.models.loading import model_path, resolve_model, widen_mlp, with_matmul_dtype
 from jaxserve.spec.benchmark import measure_engine_point, measure_point
+from jaxserve.spec.draft_vocab import restrict_head
+from jaxserve.spec.token_counts import load_counts, most_frequent
 from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
 
 PRESET = "preset:"
@@ -61,11 +63,14 @@ def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
 
 
 def proposers(cfg, tcfg, tparams):
-    """method -> proposer weights: (config, params) of the draft or the Medusa heads; None for ngram."""
+    """method -> proposer weights: (config, params) of the draft (with ``draft_vocab_size``: and its tokenizer
+    and token counts, as ``LLM.from_params(draft=...)`` takes them) or the Medusa heads; None for ngram."""
     out = {}
     if "draft_model" in cfg.methods + cfg.engine_methods:
-        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1, cfg.draft_matmul_dtype or cfg.matmul_dtype)
+        dcfg, dparams, dtok = load(cfg.draft, cfg.seed + 1, cfg.draft_matmul_dtype or cfg.matmul_dtype)
         out["draft_model"] = (dcfg, dparams)
+        if cfg.draft_vocab_size:
+            out["draft_model"] += (dtok, load_counts(model_path(cfg.draft), dcfg.vocab_size))
     if "ngram" in cfg.methods + cfg.engine_methods:
         out["ngram"] = None
     if "medusa" in cfg.methods + cfg.engine_methods:
@@ -85,9 +90,14 @@ def run(cfg, out):
         widened = (f" with its MLPs widened to {cfg.target_widen_mlp} by zero weights (the same tokens, more bytes "
                    "a step)")
     props = proposers(cfg, tcfg, tparams)
+    draft_head, restricted = None, ""
+    if cfg.draft_vocab_size and "draft_model" in props:
+        dcfg, dparams, _, counts = props["draft_model"]
+        draft_head = restrict_head(dcfg, dparams, most_frequent(counts, cfg.draft_vocab_size))
+        restricted = f" proposing only its {cfg.draft_vocab_size} most frequent tokens (its LM head cut to them)"
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     heads = props["medusa"][0].num_heads if "medusa" in props else 0
-    out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}; Medusa heads "
+    out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
@@ -110,7 +120,8 @@ def run(cfg, out):
                                       np.full(prompts.shape[:2], cfg.prompt_len), gammas=gammas,
                                       temperature=temperature,
                                       max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
-                                      block_size=cfg.block_size, seed=cfg.seed, method=method)
+                                      block_size=cfg.block_size, seed=cfg.seed, method=method,
+                                      draft_head=draft_head if method == "draft_model" else None)
         # ~90 programs in one process exhausted the kernel's memory-map limit (vm.max_map_count 65530:
         # each XLA:CPU kernel is JIT-mapped): a finished point's programs are never used again
         jax.clear_caches()
@@ -126,7 +137,7 @@ def run(cfg, out):
                                        repeats=cfg.repeats,
                                        # no prefix caching: every timed call does the same prefill as the first
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
-                                       seed=cfg.seed)
+                                       seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size)
         jax.clear_caches()
     if engine:
         out.table("engine", engine, columns=COLUMNS, fmt=FMT,

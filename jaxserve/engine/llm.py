@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence as Seq
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxserve.config import EngineConfig, ModelConfig
@@ -15,6 +16,8 @@ from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
 from jaxserve.spec.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
+from jaxserve.spec.draft_vocab import restrict_head
+from jaxserve.spec.token_counts import load_counts, most_frequent
 
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
@@ -48,8 +51,9 @@ class LLM:
         """An LLM over in-memory params (random models in tests and notebooks).
 
         With ``speculative``, ``draft`` gives the proposer's weights in memory: ``(ModelConfig, params)``
-        (or with a third item, the draft's tokenizer) for ``draft_model``, ``(MedusaConfig, params)``
-        for ``medusa``; None for ``ngram`` or to load from the paths in ``speculative``.
+        (or with a third item, the draft's tokenizer, and a fourth, its token counts i64[V] for
+        ``draft_vocab_size``) for ``draft_model``, ``(MedusaConfig, params)`` for ``medusa``; None for
+        ``ngram`` or to load from the paths in ``speculative``.
         ``router_state``: an MoE's loss-free balancing biases (``jaxserve.moe.init_router_state`` layout).
         """
         engine_config = _engine_config(engine_overrides)
@@ -60,7 +64,7 @@ class LLM:
                 draft_config, draft_params = with_matmul_dtype(draft_config, draft_params,
                                                                speculative.draft_matmul_dtype)
             proposer = _proposer(speculative, config, tokenizer, draft_config, draft_params,
-                                 draft[2] if len(draft) > 2 else tokenizer)
+                                 draft[2] if len(draft) > 2 else tokenizer, draft[3] if len(draft) > 3 else None)
         else:
             proposer = _load_proposer(speculative, config, tokenizer, None, None)
         self = cls.__new__(cls)
@@ -140,7 +144,10 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
             raise ValueError("SpeculativeConfig(method='draft_model') needs draft_model (a zoo name or directory)")
         draft_config, draft_params, draft_tokenizer = resolve_model(spec.draft_model, dtype,
                                                                     spec.draft_matmul_dtype or matmul_dtype)
-        return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer)
+        counts = None
+        if spec.draft_vocab_size is not None:
+            counts = load_counts(model_path(spec.draft_model), draft_config.vocab_size)
+        return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer, counts)
     if spec.method == "medusa":
         if spec.medusa_heads is None:
             raise ValueError("SpeculativeConfig(method='medusa') needs medusa_heads (a directory of trained heads)")
@@ -149,11 +156,20 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
     return Proposer("ngram")
 
 
-def _proposer(spec, config, tokenizer, proposer_config, proposer_params, proposer_tokenizer) -> Proposer:
+def _proposer(spec, config, tokenizer, proposer_config, proposer_params, proposer_tokenizer,
+              token_counts=None) -> Proposer:
     if spec.method == "draft_model":
         check_draft_matches(config, proposer_config, tokenizer, proposer_tokenizer)
-    elif spec.method == "medusa":
+        if spec.draft_vocab_size is None:
+            return Proposer(spec.method, proposer_config, proposer_params)
+        if token_counts is None:
+            raise ValueError("SpeculativeConfig.draft_vocab_size needs the draft's token counts: pass "
+                             "draft=(config, params, tokenizer, counts) or load the draft from a directory with "
+                             "token_counts.json")
+        ids = most_frequent(np.asarray(token_counts), spec.draft_vocab_size)
+        return Proposer(spec.method, proposer_config, proposer_params, restrict_head(proposer_config, proposer_params,
+                                                                                     ids))
+    if spec.method == "medusa":
         check_medusa_matches(config, proposer_config, spec.gamma)
-    else:
-        return Proposer("ngram")
-    return Proposer(spec.method, proposer_config, proposer_params)
+        return Proposer(spec.method, proposer_config, proposer_params)
+    return Proposer("ngram")

@@ -50,10 +50,11 @@ from jaxserve.spec.round import RoundInputs, spec_round
 @dataclasses.dataclass(frozen=True)
 class Proposer:
     """What proposes: ``method`` and its weights (a draft ``ModelConfig`` or a ``MedusaConfig``, and params;
-    none for ngram)."""
+    none for ngram); ``head``: a draft restricted to its most frequent tokens (``jaxserve.spec.draft_vocab``)."""
     method: str
     config: Any = None
     params: Any = None
+    head: Any = None
 
 
 class SpecRunner:
@@ -233,6 +234,8 @@ class SpecRunner:
                                  seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
         inputs = RoundInputs(block_tables=tables, positions=cols["positions"], prev_tokens=cols["prev"],
                              last_tokens=cols["last"], active=np.arange(b) < len(entries), sampling=sampling)
+        if self.proposer.method == "draft_model":
+            return inputs, self.proposer.head
         return inputs, history if history is not None else hidden
 
     def _medusa_state(self, seq) -> np.ndarray:
@@ -292,13 +295,14 @@ def _fill_program(target_params, proposer_params, target_pool, draft_pool, token
 def _round_program(target_params, proposer_params, target_pool, draft_pool, inputs: RoundInputs, extra, *,
                    target_config: ModelConfig, proposer_config, method: str, attention_impl: str, gamma: int,
                    max_ngram: int, min_ngram: int, quant=None):
-    """One round for every row; extra is the n-gram history i32[B, H] or the Medusa hidden f32[B, E]."""
+    """One round for every row; extra is the n-gram history i32[B, H], the Medusa hidden f32[B, E], or the
+    draft's restricted head (a ``DraftHead`` or None)."""
     _TRACES[0] += 1
     with matmul_context(quant):
         state = jnp.zeros((), jnp.float32)
         if method == "draft_model":
             r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,
-                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
+                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl, draft_head=extra)
             draft_pool = r.draft_pool
         elif method == "ngram":
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,

@@ -92,16 +92,17 @@ def _decode_speedup(spec_n: int, spec_s: float, spec_prefill_s: float, base_n: i
 
 def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gammas, temperature: float,
                   max_tokens: int, eos_token_id: int | None, repeats: int, block_size: int = 16,
-                  seed: int = 0, method: str = "draft_model") -> list[dict]:
-    """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params).
+                  seed: int = 0, method: str = "draft_model", draft_head=None) -> list[dict]:
+    """Baseline plus one row per γ for one (batch, temperature); target/draft are (config, params, ...).
 
     prompts: i32[B, L], or i32[S, B, L] for S sets of B, each timed on its own and the sets' times
     summed (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
-    lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)).
+    lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)). draft_head: the draft restricted
+    to some tokens (``jaxserve.spec.draft_vocab``).
     """
     if method not in ("draft_model", "ngram", "medusa"):
         raise ValueError(f"method must be 'draft_model', 'ngram' or 'medusa', got {method!r}")
-    (tcfg, tparams), (dcfg, dparams) = target, draft
+    (tcfg, tparams), (dcfg, dparams) = target, draft[:2]
     sets = _prompt_sets(prompts)
     lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
     b = sets.shape[1]
@@ -119,7 +120,7 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
                 return ngram_generate(tparams, tcfg, p, n, seeds=seeds, **kw)
             if method == "medusa":
                 return medusa_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)
-            return speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)
+            return speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, draft_head=draft_head, **kw)
         return _per_set(gen, sets, lens, seed)
 
     sides = {"base": baseline(max_tokens), "base_prefill": baseline(1), "spec_prefill": speculative(1, 1)}
@@ -155,12 +156,14 @@ def _engine_calls(llm, prompt_sets: list, params: list) -> list:
 
 
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
-                         max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0) -> list[dict]:
+                         max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0,
+                         draft_vocab_size: int | None = None) -> list[dict]:
     """The engine path: ``LLM.generate`` of each set of B prompts (i32[B, L], or i32[S, B, L] for S
     sets timed one by one as in ``measure_point``) with one speculative round per step, against a
     plain engine over the same target. target: (config, params); proposers: method -> proposer
-    weights for ``LLM.from_params(draft=...)`` (None for ngram). Acceptance figures are the spec
-    engine's ``stats()`` over its timed calls."""
+    weights for ``LLM.from_params(draft=...)`` (None for ngram); ``draft_vocab_size`` applies to draft_model
+    (its weights then carry the tokenizer and token counts). Acceptance figures are the spec engine's
+    ``stats()`` over its timed calls."""
     from jaxserve import LLM, SamplingParams, SpeculativeConfig
 
     tcfg, tparams = target
@@ -178,7 +181,8 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
-            spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma)
+            spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma,
+                                     draft_vocab_size=draft_vocab_size if method == "draft_model" else None)
             llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
             # its own engine (same jitted programs), so that llm.stats() counts only the full calls
             prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)

@@ -35,6 +35,10 @@ class SpeculativeConfig:
     # float32 next to a bf16-matmul target: its tiny one-row dots gain nothing from bf16 but pay its
     # conversions (zoo draft, γ 5 proposal on the Zen 4: 0.342 ms bf16, 0.218 ms float32)
     draft_matmul_dtype: str | None = None
+    # method "draft_model": the draft proposes only its vocabulary's draft_vocab_size most frequent tokens, with
+    # its LM head cut to them (FR-Spec; jaxserve.spec.draft_vocab), from token_counts.json beside its weights.
+    # Exact either way; a smaller, faster draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
+    draft_vocab_size: int | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -48,6 +52,10 @@ class SpeculativeConfig:
         if self.draft_matmul_dtype is not None and self.draft_matmul_dtype not in DTYPES:
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype must be None or one of {DTYPES}, "
                              f"got {self.draft_matmul_dtype!r}")
+        if self.draft_vocab_size is not None and (not isinstance(self.draft_vocab_size, int)
+                                                  or self.draft_vocab_size < 1 or self.method != "draft_model"):
+            raise ValueError(f"SpeculativeConfig.draft_vocab_size must be None or an int >= 1 with method "
+                             f"'draft_model', got {self.draft_vocab_size!r} with method {self.method!r}")
         if self.draft_matmul_dtype is not None and self.method != "draft_model":
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype is for method 'draft_model', got method "
                              f"{self.method!r} (its proposals run in the target's precision)")

@@ -32,6 +32,7 @@ from jaxserve.models.attention import AttentionMetadata, k_tokens_minor
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.spec.config import check_medusa_matches
+from jaxserve.spec.draft_vocab import DraftHead, check_draft_head
 from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.medusa import medusa_round
 from jaxserve.spec.metrics import SpecMetrics
@@ -138,8 +139,9 @@ _STATIC = ("target_config", "draft_config", "gamma", "block_size", "pages_per_se
 
 
 @partial(jax.jit, static_argnames=_STATIC)
-def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
-                         target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl):
+def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                         draft_head=None, *, target_config, draft_config, gamma, block_size, pages_per_seq, capacity,
+                         attention_impl):
     TRACES["speculative"] += 1  # runs only while tracing
     state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
                    gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
@@ -151,7 +153,7 @@ def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_
     def body(st: LoopState) -> LoopState:
         r = spec_round(target_params, draft_params, st.target_pool, st.draft_pool, st.inputs,
                        target_config=target_config, draft_config=draft_config, gamma=gamma,
-                       attention_impl=attention_impl)
+                       attention_impl=attention_impl, draft_head=draft_head)
         return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool)
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state.replace(draft_pool=draft_pool))
@@ -303,18 +305,21 @@ def _run(program, target_params, target_config, draft_params, draft_config, prom
 def speculative_generate(target_params: dict, target_config: ModelConfig, draft_params: dict,
                          draft_config: ModelConfig, prompts, prompt_lens, *, gamma: int = 4, max_tokens=32,
                          temperature=0.0, top_k=0, top_p=1.0, seeds=0, eos_token_id: int | None = None,
-                         block_size: int = 16, attention_impl: str = "auto"):
+                         block_size: int = 16, attention_impl: str = "auto", draft_head: DraftHead | None = None):
     """Generates with a draft model proposing ``gamma`` tokens per round, exactly as the target would sample.
 
     prompts: i32[B, Lp] right-padded; prompt_lens: i32[B] (each >= 1). max_tokens, temperature
     (0 = greedy), top_k (0 = off), top_p (1 = off) and seeds are scalars or per-row arrays [B].
+    ``draft_head``: the draft proposes only these tokens (``jaxserve.spec.draft_vocab.restrict_head``).
     Returns ``(tokens i32[B, max(max_tokens)], num_generated i32[B], SpecMetrics)``; a row's tokens
     end at its EOS (included) or its max_tokens, and later slots hold -1.
     """
+    if draft_head is not None:
+        check_draft_head(draft_head, draft_config)
     return _run(_speculative_program, target_params, target_config, draft_params, draft_config, prompts,
                 prompt_lens, gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                 top_p=top_p, seeds=seeds, eos_token_id=eos_token_id, block_size=block_size,
-                attention_impl=attention_impl)
+                attention_impl=attention_impl, draft_head=draft_head)
 
 
 def target_only_generate(target_params: dict, target_config: ModelConfig, prompts, prompt_lens, *,

@@ -29,6 +29,8 @@ from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch, argmax_first, token_logprobs
+from jaxserve.spec.draft_vocab import DraftHead, head_logits, to_vocab
+from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
 
 
@@ -84,19 +86,39 @@ def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
     return flat.reshape(shape)
 
 
-def _draft_draw(logits: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greedy: jax.Array):
+def _draft_draw(logits: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greedy: jax.Array,
+                head: DraftHead | None):
     """One draft token i32[B] and the distribution f32[B, V] it was drawn from (zeros when every row
-    is greedy: then only the argmax is needed, and the acceptance reads no distributions)."""
+    is greedy: then only the argmax is needed, and the acceptance reads no distributions). With ``head``,
+    logits f32[B, N] are over its tokens."""
+    vocab = uniforms.shape[-1]
+
+    def greedy():
+        x = argmax_first(logits)
+        return x if head is None else head.token_ids[x], jnp.zeros((logits.shape[0], vocab), jnp.float32)
+
     def sampled():
-        q = _probs(logits, s)
+        q = _probs(logits if head is None else to_vocab(head, logits, vocab), s)
         return draw(q, uniforms, jnp.bool_(False)), q
-    return jax.lax.cond(all_greedy, lambda: (argmax_first(logits), jnp.zeros_like(logits)), sampled)
+    return jax.lax.cond(all_greedy, greedy, sampled)
+
+
+def _draft_forward(params, config, head: DraftHead | None, tokens, positions, pool, meta, attention_impl,
+                   logits_indices=None):
+    """The draft's logits, f32[B, V] (with ``head``: f32[B, N], over its tokens), and its pool."""
+    if head is None:
+        return forward(params, config, tokens, positions, pool, meta, attention_impl=attention_impl,
+                       logits_indices=logits_indices)
+    # the full LM head's logits are never read: XLA drops that matmul
+    _, hidden, pool = forward_with_hidden(params, config, tokens, positions, pool, meta,
+                                          attention_impl=attention_impl, logits_indices=logits_indices)
+    return head_logits(head, hidden, config), pool
 
 
 def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, uniforms: jax.Array,
-                  attention_impl: str) -> tuple[jax.Array, jax.Array, KVPool]:
+                  attention_impl: str, head: DraftHead | None = None) -> tuple[jax.Array, jax.Array, KVPool]:
     """γ draft tokens i32[B, G] and their distributions f32[B, G, V] (zeros when every row is greedy), one
-    draw per uniforms[:, j] f32[B, G, V].
+    draw per uniforms[:, j] f32[B, G, V]. ``head``: the draft restricted to some tokens (``jaxserve.spec.draft_vocab``).
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
@@ -104,11 +126,11 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     b = inputs.positions.shape[0]
     pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
     toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
-    logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
-                           _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl,
-                           logits_indices=jnp.arange(b) * 2 + 1)
+    logits, pool = _draft_forward(params, config, head, toks.reshape(-1), pos.reshape(-1), pool,
+                                  _multi_token_meta(inputs, pos, block_size), attention_impl,
+                                  logits_indices=jnp.arange(b) * 2 + 1)
     all_greedy = jnp.all(inputs.sampling.temperature <= 0)
-    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy)
+    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy, head)
 
     # The γ-1 single-token steps are unrolled, not a lax.scan: a loop-carried pool can get layout
     # copies at the loop boundary (in the engine, with a draft of one KV head, XLA:CPU copied every
@@ -116,9 +138,9 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     tokens, probs = [x], [q]
     for j in range(1, uniforms.shape[1]):
         pos = (inputs.positions + j)[:, None]
-        logits, pool = forward(params, config, tokens[-1], pos[:, 0], pool, _multi_token_meta(inputs, pos, block_size),
-                               attention_impl=attention_impl)
-        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy)
+        logits, pool = _draft_forward(params, config, head, tokens[-1], pos[:, 0], pool,
+                                      _multi_token_meta(inputs, pos, block_size), attention_impl)
+        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy, head)
         tokens.append(x)
         probs.append(q)
     return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), pool
@@ -139,18 +161,18 @@ def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
 
 def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
                inputs: RoundInputs, *, target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
-               attention_impl: str = "auto") -> RoundOutputs:
+               attention_impl: str = "auto", draft_head: DraftHead | None = None) -> RoundOutputs:
     """Draft γ tokens, verify them in one target pass, accept exactly, advance the state.
 
     All of a row's randomness in the round comes from ``row_keys(seed, index, L + 1)``, so its
     tokens do not depend on what else shares the batch. See the module docstring for the cache
-    invariant.
+    invariant. ``draft_head``: the draft proposes only its tokens (``jaxserve.spec.draft_vocab``).
     """
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
-                                     attention_impl)
+                                     attention_impl, draft_head)
     logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
     return accept_and_advance(inputs, x, q, logits, u, target_pool, draft_pool)
 

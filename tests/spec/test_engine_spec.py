@@ -313,3 +313,28 @@ def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
                                   np.asarray(models["near"]["layers_0"]["mlp"]["up_proj"]["kernel"].astype(jnp.bfloat16),
                                              np.float32))
     assert llm.engine.runner.params["layers_0"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32
+
+
+def test_a_draft_restricted_to_frequent_tokens_keeps_greedy_exact(models, prompts, oracle):
+    """draft_vocab_size: the draft proposes only the 8 most frequent of 16 tokens (counts given in memory)."""
+    counts = np.arange(CONFIG.vocab_size)[::-1]  # token 0 most frequent
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA, draft_vocab_size=8)
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"], None, counts),
+                          **ENGINE)
+    np.testing.assert_array_equal(llm.engine.spec_runner.proposer.head.token_ids, np.arange(8))
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    assert 0 < llm.stats()["spec_acceptance_rate"] < 1
+
+
+def test_bad_draft_vocab_settings_raise_before_anything_is_built(models):
+    with pytest.raises(ValueError, match="draft_vocab_size must be None or an int >= 1 with method 'draft_model', "
+                                         "got 8 with method 'ngram'"):
+        SpeculativeConfig(method="ngram", draft_vocab_size=8)
+    with pytest.raises(ValueError, match="got 0 with method 'draft_model'"):
+        SpeculativeConfig(draft_vocab_size=0)
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA, draft_vocab_size=8)
+    with pytest.raises(ValueError, match="needs the draft's token counts"):
+        LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]), **ENGINE)
+    with pytest.raises(ValueError, match=r"draft_vocab_size must be an int in \[1, 16\].*got 32"):
+        LLM.from_params(CONFIG, models["target"], speculative=spec.__class__(draft_vocab_size=32),
+                        draft=(CONFIG, models["near"], None, np.ones(16)), **ENGINE)

@@ -12,6 +12,7 @@ import pytest
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import with_matmul_dtype
 from jaxserve.spec import generate as gen
+from jaxserve.spec.draft_vocab import restrict_head
 from jaxserve.spec.generate import ngram_generate, speculative_generate, target_only_generate
 from jaxserve.spec.metrics import summarize
 from jaxserve.spec.rejection import probs_from_logits
@@ -284,3 +285,40 @@ def test_ngram_greedy_equals_target_only_and_exact_when_sampling(models, prompts
 
     stat, df = _uniformity(_stream_pits(ngram_gen, target, calls=60))
     assert stat < chi2_threshold(df), (stat, df)
+
+
+def test_a_whole_vocabulary_draft_head_changes_nothing(models, prompts):
+    """restrict_head over every id: the same draft logits, so the same tokens and acceptance, greedy and sampled."""
+    head = restrict_head(CONFIG, models[1], np.arange(CONFIG.vocab_size))
+    for kw in ({}, {"temperature": TEMPS, "top_k": TOP_K, "top_p": TOP_P, "seeds": np.arange(4)}):
+        plain, headed = spec(models, prompts, **kw), spec(models, prompts, draft_head=head, **kw)
+        np.testing.assert_array_equal(plain[0], headed[0])
+        assert summarize(plain[2]) == summarize(headed[2])
+
+
+def test_a_restricted_draft_keeps_greedy_parity_and_the_sampled_stream_exact(models, prompts, reference):
+    """The draft proposes only 8 of 16 tokens: greedy output is still the target's token for token, and
+    sampled tokens still follow the target's conditionals (the draft's q is zero off its tokens)."""
+    target, draft = models
+    head = restrict_head(CONFIG, draft, np.arange(0, CONFIG.vocab_size, 2))
+    tokens, n, metrics = spec(models, prompts, draft_head=head)
+    np.testing.assert_array_equal(tokens, reference)
+    assert 0 < summarize(metrics)["acceptance_rate"] < 1
+
+    def spec_gen(p, lens, seeds):
+        tokens, n, _ = speculative_generate(target, CONFIG, draft, CONFIG, p, lens, gamma=GAMMA, max_tokens=MAX_TOKENS,
+                                            temperature=TEMPS, top_k=TOP_K, top_p=TOP_P, seeds=seeds, draft_head=head)
+        return np.asarray(tokens), np.asarray(n)
+
+    pits = _stream_pits(spec_gen, target, calls=60)
+    assert len(pits) > 3000
+    stat, df = _uniformity(pits)
+    assert stat < chi2_threshold(df), (stat, df)
+
+
+def test_a_bad_draft_head_raises_before_running(models, prompts):
+    head = restrict_head(CONFIG, models[1], np.arange(4))
+    with pytest.raises(ValueError, match="draft_head must be a DraftHead"):
+        spec(models, prompts, draft_head=(head.token_ids, head.kernel))
+    with pytest.raises(ValueError, match=r"draft_head has 4 tokens and a \(8, 4\) kernel"):
+        spec(models, prompts, draft_head=head.replace(kernel=jnp.zeros((8, 4))))

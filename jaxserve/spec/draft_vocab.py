@@ -1,0 +1,69 @@
+"""A draft restricted to the most frequent tokens: FR-Spec (Zhao et al. 2025, frequency-ranked drafting).
+
+Axis names: B rows, E hidden size, N restricted vocabulary, V vocabulary.
+
+A small draft's LM head is its largest matrix (the zoo draft's: 64 x 4096, 1 MiB in float32 of 2.4 MiB), and
+every draft step reads all of it. ``DraftHead`` keeps only the columns of the N most frequent tokens of a
+corpus (``jaxserve.spec.token_counts``): a draft step then multiplies and reads N/V of it, and the draft
+proposes only those tokens. The output stays exactly the target's: the draft's distribution is its softmax
+over the N tokens and zero elsewhere, a valid proposal for the rejection rule, and greedy verification
+never depends on the draft. Only acceptance can change; greedy continuations are dominated by frequent
+tokens (the zoo target's greedy continuations of the benchmark prompts lie entirely within the 1024 most
+frequent of 4096), sampled ones less so.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxserve.config import ModelConfig
+from jaxserve.models.layers import dot_via
+
+
+@struct.dataclass
+class DraftHead:
+    token_ids: jax.Array  # i32[N]: the ids the draft may propose, ascending
+    kernel: jax.Array  # [E, N]: the draft's LM head columns for those ids
+
+
+def restrict_head(config: ModelConfig, params: dict, token_ids) -> DraftHead:
+    """The draft's LM head cut to ``token_ids`` (distinct ids in [0, V); sorted here)."""
+    ids = np.unique(np.asarray(token_ids, np.int64))
+    if ids.size != np.asarray(token_ids).size or ids.size == 0 or ids[0] < 0 or ids[-1] >= config.vocab_size:
+        raise ValueError(f"draft token ids must be distinct ids in [0, {config.vocab_size}), got {len(ids)} distinct "
+                         f"of {np.asarray(token_ids).size} in [{ids.min(initial=0)}, {ids.max(initial=0)}]")
+    if config.tie_word_embeddings:
+        kernel = jnp.asarray(params["embed"]["embedding"])[ids].T
+    else:
+        kernel = params["lm_head"]["kernel"]
+        if not hasattr(kernel, "shape") or kernel.shape != (config.hidden_size, config.vocab_size):
+            raise ValueError(f"the draft's lm_head kernel must be a [{config.hidden_size}, {config.vocab_size}] array "
+                             f"to restrict, got {type(kernel).__name__}")
+        kernel = jnp.asarray(kernel)[:, ids]
+    return DraftHead(token_ids=jnp.asarray(ids, jnp.int32), kernel=kernel)
+
+
+def check_draft_head(head, config: ModelConfig) -> None:
+    """ValueError unless ``head`` is a ``DraftHead`` for a draft of this hidden size and vocabulary."""
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"draft_head must be a DraftHead (jaxserve.spec.draft_vocab.restrict_head), got "
+                         f"{type(head).__name__}")
+    n = head.token_ids.shape[0]
+    if head.kernel.shape != (config.hidden_size, n) or n > config.vocab_size:
+        raise ValueError(f"draft_head has {n} tokens and a {tuple(head.kernel.shape)} kernel; the draft needs "
+                         f"[{config.hidden_size}, N] with N <= its vocabulary {config.vocab_size}")
+
+
+def head_logits(head: DraftHead, hidden: jax.Array, config: ModelConfig) -> jax.Array:
+    """The kept tokens' logits f32[B, N] from the draft's final hidden state [B, E]."""
+    dtype, mm = jnp.dtype(config.dtype), jnp.dtype(config.matmul_dtype or config.dtype)
+    dot = jax.lax.dot_general if mm == jnp.float32 == dtype else dot_via(mm)  # as the model's Dense layers
+    return dot(hidden, head.kernel, (((1,), (0,)), ((), ()))).astype(jnp.float32)
+
+
+def to_vocab(head: DraftHead, logits: jax.Array, vocab: int) -> jax.Array:
+    """f32[B, N] over the kept tokens -> f32[B, V]: the same values at their ids, -inf elsewhere."""
+    full = jnp.full((logits.shape[0], vocab), -jnp.inf, jnp.float32)
+    return full.at[:, head.token_ids].set(logits, indices_are_sorted=True, unique_indices=True)

@@ -1,0 +1,122 @@
+"""A draft restricted to its most frequent tokens (FR-Spec): the token counts, the cut LM head, the proposals.
+
+Exactness of the whole loop with a restricted draft is in ``test_generate`` (greedy parity, the sampled
+stream's PIT test) and ``test_engine_spec`` (the engine path).
+"""
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve import SpeculativeConfig
+from jaxserve.engine.llm import _load_proposer
+from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models.loading import model_path, resolve_model
+from jaxserve.sampling import SamplingBatch
+from jaxserve.spec.draft_vocab import head_logits, restrict_head, to_vocab
+from jaxserve.spec.generate import _new_pool
+from jaxserve.spec.hidden import full_hidden
+from jaxserve.spec.rejection import round_uniforms
+from jaxserve.spec.round import RoundInputs, draft_propose
+from jaxserve.spec.token_counts import COUNTS_FILE, load_counts, most_frequent, write_counts
+
+CONFIG = get_preset("tiny-llama").replace(vocab_size=16)
+KEPT = np.array([1, 4, 5, 9, 12, 15])
+
+
+@pytest.fixture(scope="module")
+def params():
+    return jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(3))
+
+
+def test_most_frequent_ranks_by_count_then_id():
+    counts = np.array([5, 9, 0, 9, 7, 1])
+    np.testing.assert_array_equal(most_frequent(counts, 3), [1, 3, 4])  # 9, 9, 7
+    np.testing.assert_array_equal(most_frequent(counts, 1), [1])  # the tie goes to the lower id
+    np.testing.assert_array_equal(most_frequent(counts, 6), np.arange(6))
+    assert most_frequent(counts, 2).dtype == np.int32
+    for bad in (0, 7, 2.5):
+        with pytest.raises(ValueError, match=f"draft_vocab_size must be an int in \\[1, 6\\].*got {bad}"):
+            most_frequent(counts, bad)
+    with pytest.raises(ValueError, match="1-D"):
+        most_frequent(counts.reshape(2, 3), 2)
+
+
+def test_counts_file_round_trip_and_errors(tmp_path):
+    counts = np.arange(16) * 3
+    write_counts(tmp_path, counts, "test corpus")
+    np.testing.assert_array_equal(load_counts(tmp_path, 16), counts)
+    with pytest.raises(ValueError, match="has 16 counts; the draft's vocabulary has 32 tokens"):
+        load_counts(tmp_path, 32)
+    with pytest.raises(ValueError, match=str(tmp_path / "missing" / COUNTS_FILE)):
+        load_counts(tmp_path / "missing", 16)
+
+
+def test_restricted_logits_are_the_full_heads_at_the_kept_ids(params):
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 16, (2, 9)), jnp.int32)
+    logits, hidden = full_hidden(params, CONFIG, tokens)
+    head = restrict_head(CONFIG, params, KEPT[::-1])  # any order: kept sorted
+    np.testing.assert_array_equal(head.token_ids, KEPT)
+    sub = head_logits(head, hidden.reshape(-1, CONFIG.hidden_size), CONFIG)
+    np.testing.assert_allclose(sub, logits.reshape(-1, 16)[:, KEPT], rtol=1e-6, atol=1e-6)
+    full = np.asarray(to_vocab(head, sub, 16))
+    np.testing.assert_array_equal(full[:, KEPT], sub)
+    assert np.isneginf(np.delete(full, KEPT, axis=1)).all()
+    tied = CONFIG.replace(tie_word_embeddings=True)
+    tied_params = {k: v for k, v in params.items() if k != "lm_head"}
+    np.testing.assert_allclose(restrict_head(tied, tied_params, KEPT).kernel,
+                               params["embed"]["embedding"][KEPT].T)
+
+
+def test_restrict_head_rejects_bad_ids(params):
+    for ids in ([3, 3, 4], [-1, 2], [2, 16], []):
+        with pytest.raises(ValueError, match=r"distinct ids in \[0, 16\)"):
+            restrict_head(CONFIG, params, ids)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_proposals_come_from_the_kept_tokens_only(params, temperature):
+    """γ draft steps from a two-token context: every proposed token is a kept one, and each step's q
+    (when sampling) is a distribution over the kept tokens alone."""
+    gamma, b = 4, 8
+    rng = np.random.default_rng(1)
+    zero = jnp.zeros(b, jnp.int32)
+    sampling = SamplingBatch(temperature=jnp.full(b, temperature), top_k=zero, top_p=jnp.ones(b),
+                             seed=jnp.arange(b, dtype=jnp.uint32), index=zero, position=zero)
+    inputs = RoundInputs(block_tables=jnp.arange(b, dtype=jnp.int32)[:, None], positions=zero + 1,
+                         prev_tokens=jnp.asarray(rng.integers(0, 16, b), jnp.int32),
+                         last_tokens=jnp.asarray(rng.integers(0, 16, b), jnp.int32), active=jnp.ones(b, bool),
+                         sampling=sampling)
+    u = round_uniforms(sampling.seed, sampling.index, inputs.positions + 1, gamma, 16, jnp.bool_(temperature == 0))
+    head = restrict_head(CONFIG, params, KEPT)
+    x, q, _ = draft_propose(params, CONFIG, _new_pool(CONFIG, b, 16, "auto"), inputs, u[:, :gamma, :-1], "auto", head)
+    assert np.isin(np.asarray(x), KEPT).all()
+    if temperature:
+        q = np.asarray(q)
+        np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-5)
+        assert (np.delete(q, KEPT, axis=-1) == 0).all() and (q[..., KEPT] > 0).all()
+    else:  # greedy: the argmax of the kept tokens' logits, as the unrestricted draft over those logits
+        full = forward_full(params, CONFIG, jnp.concatenate([inputs.prev_tokens[:, None], inputs.last_tokens[:, None],
+                                                             x[:, :-1]], axis=1))
+        np.testing.assert_array_equal(x, KEPT[np.argmax(np.asarray(full)[:, 1:, KEPT], axis=-1)])
+
+
+def test_the_zoo_draft_restricted_through_speculative_config():
+    spec = SpeculativeConfig(draft_model="jaxserve/tiny-code-draft", draft_vocab_size=1024)
+    config, params, tokenizer = resolve_model("jaxserve/tiny-code")
+    proposer = _load_proposer(spec, config, tokenizer, None, None)
+    counts = load_counts(model_path("jaxserve/tiny-code-draft"), 4096)
+    np.testing.assert_array_equal(proposer.head.token_ids, most_frequent(counts, 1024))
+    assert proposer.head.kernel.shape == (proposer.config.hidden_size, 1024)
+    assert counts.sum() > 2_000_000  # the pycode-v1 training split, not a stub
+
+
+def test_a_draft_directory_without_counts_is_an_error_naming_the_file(tmp_path):
+    draft = tmp_path / "draft"
+    shutil.copytree(model_path("jaxserve/tiny-code-draft"), draft, ignore=shutil.ignore_patterns(COUNTS_FILE))
+    config, _, tokenizer = resolve_model("jaxserve/tiny-code")
+    spec = SpeculativeConfig(draft_model=str(draft), draft_vocab_size=1024)
+    with pytest.raises(ValueError, match=str(draft / COUNTS_FILE)):
+        _load_proposer(spec, config, tokenizer, None, None)
