@@ -63,14 +63,14 @@ def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
 
 
 def proposers(cfg, tcfg, tparams):
-    """method -> proposer weights: (config, params) of the draft (with ``draft_vocab_size``: and its tokenizer
-    and token counts, as ``LLM.from_params(draft=...)`` takes them) or the Medusa heads; None for ngram."""
+    """method -> proposer weights: (config, params) of the draft (with ``draft_vocab_size``: and no tokenizer
+    and its token counts, as ``LLM.from_params(draft=...)`` takes them) or the Medusa heads; None for ngram."""
     out = {}
     if "draft_model" in cfg.methods + cfg.engine_methods:
-        dcfg, dparams, dtok = load(cfg.draft, cfg.seed + 1, cfg.draft_matmul_dtype or cfg.matmul_dtype)
+        dcfg, dparams, _ = load(cfg.draft, cfg.seed + 1, cfg.draft_matmul_dtype or cfg.matmul_dtype)
         out["draft_model"] = (dcfg, dparams)
-        if cfg.draft_vocab_size:
-            out["draft_model"] += (dtok, load_counts(model_path(cfg.draft), dcfg.vocab_size))
+        if cfg.draft_vocab_size:  # no tokenizer: the engine points build the target from params without its own
+            out["draft_model"] += (None, load_counts(model_path(cfg.draft), dcfg.vocab_size))
     if "ngram" in cfg.methods + cfg.engine_methods:
         out["ngram"] = None
     if "medusa" in cfg.methods + cfg.engine_methods:

@@ -35,9 +35,10 @@ class SpeculativeConfig:
     # float32 next to a bf16-matmul target: its tiny one-row dots gain nothing from bf16 but pay its
     # conversions (zoo draft, γ 5 proposal on the Zen 4: 0.342 ms bf16, 0.218 ms float32)
     draft_matmul_dtype: str | None = None
-    # method "draft_model": the draft proposes only its vocabulary's draft_vocab_size most frequent tokens, with
-    # its LM head cut to them (FR-Spec; jaxserve.spec.draft_vocab), from token_counts.json beside its weights.
-    # Exact either way; a smaller, faster draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
+    # method "draft_model": in rounds where every row is greedy, the draft proposes only its vocabulary's
+    # draft_vocab_size most frequent tokens, its LM head cut to them (FR-Spec; jaxserve.spec.draft_vocab), from
+    # token_counts.json beside its weights; rounds with a sampled row use the whole head. Exact either way; a
+    # smaller, faster greedy draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
     draft_vocab_size: int | None = None
 
     def __post_init__(self):

@@ -4,12 +4,14 @@ Axis names: B rows, E hidden size, N restricted vocabulary, V vocabulary.
 
 A small draft's LM head is its largest matrix (the zoo draft's: 64 x 4096, 1 MiB in float32 of 2.4 MiB), and
 every draft step reads all of it. ``DraftHead`` keeps only the columns of the N most frequent tokens of a
-corpus (``jaxserve.spec.token_counts``): a draft step then multiplies and reads N/V of it, and the draft
-proposes only those tokens. The output stays exactly the target's: the draft's distribution is its softmax
-over the N tokens and zero elsewhere, a valid proposal for the rejection rule, and greedy verification
-never depends on the draft. Only acceptance can change; greedy continuations are dominated by frequent
-tokens (the zoo target's greedy continuations of the benchmark prompts lie entirely within the 1024 most
-frequent of 4096), sampled ones less so.
+corpus (``jaxserve.spec.token_counts``): a greedy draft step then multiplies and reads N/V of it, and the
+draft proposes only those tokens. Greedy continuations are dominated by frequent tokens (the zoo target's
+greedy continuations of the benchmark prompts lie entirely within the 1024 most frequent of 4096), sampled
+ones much less so, so the restriction applies to rounds in which every row is greedy: a round with a sampled
+row drafts from the whole head, as FR-Spec's restricted sampling cost the zoo pair acceptance at temperature 1
+(α 0.83-0.87 -> 0.72-0.78 with 1024 of 4096; benchmarks/RESULTS.md). The output is exactly the target's either
+way: greedy verification never depends on the draft, and a sampled proposal's q is the distribution it was
+drawn from.
 """
 from __future__ import annotations
 
@@ -58,12 +60,18 @@ def check_draft_head(head, config: ModelConfig) -> None:
 
 def head_logits(head: DraftHead, hidden: jax.Array, config: ModelConfig) -> jax.Array:
     """The kept tokens' logits f32[B, N] from the draft's final hidden state [B, E]."""
+    return _dot(config)(hidden, head.kernel, (((1,), (0,)), ((), ()))).astype(jnp.float32)
+
+
+def full_logits(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """The draft's own logits f32[B, V] over the whole vocabulary, from its final hidden state [B, E]."""
+    kernel = params["embed"]["embedding"].T if config.tie_word_embeddings else params["lm_head"]["kernel"]
+    return _dot(config)(hidden, kernel, (((1,), (0,)), ((), ()))).astype(jnp.float32)
+
+
+def _dot(config: ModelConfig):
+    """The dot of the model's own head: its Dense layers' (``dot_via`` the matmul dtype), or a tied embedding's
+    plain one (flax's ``Embed.attend``)."""
     dtype, mm = jnp.dtype(config.dtype), jnp.dtype(config.matmul_dtype or config.dtype)
-    dot = jax.lax.dot_general if mm == jnp.float32 == dtype else dot_via(mm)  # as the model's Dense layers
-    return dot(hidden, head.kernel, (((1,), (0,)), ((), ()))).astype(jnp.float32)
-
-
-def to_vocab(head: DraftHead, logits: jax.Array, vocab: int) -> jax.Array:
-    """f32[B, N] over the kept tokens -> f32[B, V]: the same values at their ids, -inf elsewhere."""
-    full = jnp.full((logits.shape[0], vocab), -jnp.inf, jnp.float32)
-    return full.at[:, head.token_ids].set(logits, indices_are_sorted=True, unique_indices=True)
+    plain = config.tie_word_embeddings or mm == jnp.float32 == dtype
+    return jax.lax.dot_general if plain else dot_via(mm)

@@ -29,7 +29,7 @@ from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch, argmax_first, token_logprobs
-from jaxserve.spec.draft_vocab import DraftHead, head_logits, to_vocab
+from jaxserve.spec.draft_vocab import DraftHead, full_logits, head_logits
 from jaxserve.spec.hidden import forward_with_hidden
 from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
 
@@ -86,39 +86,41 @@ def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
     return flat.reshape(shape)
 
 
-def _draft_draw(logits: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greedy: jax.Array,
-                head: DraftHead | None):
+def _draft_draw(out: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greedy: jax.Array,
+                head: DraftHead | None, params: dict, config: ModelConfig):
     """One draft token i32[B] and the distribution f32[B, V] it was drawn from (zeros when every row
-    is greedy: then only the argmax is needed, and the acceptance reads no distributions). With ``head``,
-    logits f32[B, N] are over its tokens."""
+    is greedy: then only the argmax is needed, and the acceptance reads no distributions). ``out`` is the
+    draft's logits f32[B, V], or with ``head`` its final hidden state [B, E]: greedy rounds take the argmax
+    over the head's tokens, sampled ones draw from the whole vocabulary (``jaxserve.spec.draft_vocab``)."""
     vocab = uniforms.shape[-1]
 
     def greedy():
-        x = argmax_first(logits)
-        return x if head is None else head.token_ids[x], jnp.zeros((logits.shape[0], vocab), jnp.float32)
+        x = argmax_first(out) if head is None else head.token_ids[argmax_first(head_logits(head, out, config))]
+        return x, jnp.zeros((out.shape[0], vocab), jnp.float32)
 
     def sampled():
-        q = _probs(logits if head is None else to_vocab(head, logits, vocab), s)
+        q = _probs(out if head is None else full_logits(params, config, out), s)
         return draw(q, uniforms, jnp.bool_(False)), q
     return jax.lax.cond(all_greedy, greedy, sampled)
 
 
 def _draft_forward(params, config, head: DraftHead | None, tokens, positions, pool, meta, attention_impl,
                    logits_indices=None):
-    """The draft's logits, f32[B, V] (with ``head``: f32[B, N], over its tokens), and its pool."""
+    """The draft's logits f32[B, V] (with ``head``: its final hidden state [B, E]) and its pool."""
     if head is None:
         return forward(params, config, tokens, positions, pool, meta, attention_impl=attention_impl,
                        logits_indices=logits_indices)
-    # the full LM head's logits are never read: XLA drops that matmul
+    # the logits computed here are never read (each branch of _draft_draw makes its own): XLA drops them
     _, hidden, pool = forward_with_hidden(params, config, tokens, positions, pool, meta,
                                           attention_impl=attention_impl, logits_indices=logits_indices)
-    return head_logits(head, hidden, config), pool
+    return hidden, pool
 
 
 def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, uniforms: jax.Array,
                   attention_impl: str, head: DraftHead | None = None) -> tuple[jax.Array, jax.Array, KVPool]:
     """γ draft tokens i32[B, G] and their distributions f32[B, G, V] (zeros when every row is greedy), one
-    draw per uniforms[:, j] f32[B, G, V]. ``head``: the draft restricted to some tokens (``jaxserve.spec.draft_vocab``).
+    draw per uniforms[:, j] f32[B, G, V]. ``head``: in greedy rounds the draft proposes only its tokens
+    (``jaxserve.spec.draft_vocab``).
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
@@ -130,7 +132,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
                                   _multi_token_meta(inputs, pos, block_size), attention_impl,
                                   logits_indices=jnp.arange(b) * 2 + 1)
     all_greedy = jnp.all(inputs.sampling.temperature <= 0)
-    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy, head)
+    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy, head, params, config)
 
     # The γ-1 single-token steps are unrolled, not a lax.scan: a loop-carried pool can get layout
     # copies at the loop boundary (in the engine, with a draft of one KV head, XLA:CPU copied every
@@ -140,7 +142,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
         pos = (inputs.positions + j)[:, None]
         logits, pool = _draft_forward(params, config, head, tokens[-1], pos[:, 0], pool,
                                       _multi_token_meta(inputs, pos, block_size), attention_impl)
-        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy, head)
+        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy, head, params, config)
         tokens.append(x)
         probs.append(q)
     return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), pool

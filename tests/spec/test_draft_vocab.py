@@ -15,7 +15,7 @@ from jaxserve.engine.llm import _load_proposer
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model
 from jaxserve.sampling import SamplingBatch
-from jaxserve.spec.draft_vocab import head_logits, restrict_head, to_vocab
+from jaxserve.spec.draft_vocab import full_logits, head_logits, restrict_head
 from jaxserve.spec.generate import _new_pool
 from jaxserve.spec.hidden import full_hidden
 from jaxserve.spec.rejection import round_uniforms
@@ -59,15 +59,18 @@ def test_restricted_logits_are_the_full_heads_at_the_kept_ids(params):
     logits, hidden = full_hidden(params, CONFIG, tokens)
     head = restrict_head(CONFIG, params, KEPT[::-1])  # any order: kept sorted
     np.testing.assert_array_equal(head.token_ids, KEPT)
-    sub = head_logits(head, hidden.reshape(-1, CONFIG.hidden_size), CONFIG)
-    np.testing.assert_allclose(sub, logits.reshape(-1, 16)[:, KEPT], rtol=1e-6, atol=1e-6)
-    full = np.asarray(to_vocab(head, sub, 16))
-    np.testing.assert_array_equal(full[:, KEPT], sub)
-    assert np.isneginf(np.delete(full, KEPT, axis=1)).all()
+    hidden = hidden.reshape(-1, CONFIG.hidden_size)
+    np.testing.assert_allclose(head_logits(head, hidden, CONFIG), logits.reshape(-1, 16)[:, KEPT], rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_allclose(full_logits(params, CONFIG, hidden), logits.reshape(-1, 16), rtol=1e-6, atol=1e-6)
     tied = CONFIG.replace(tie_word_embeddings=True)
     tied_params = {k: v for k, v in params.items() if k != "lm_head"}
-    np.testing.assert_allclose(restrict_head(tied, tied_params, KEPT).kernel,
-                               params["embed"]["embedding"][KEPT].T)
+    tied_logits, tied_hidden = full_hidden(tied_params, tied, tokens)
+    tied_hidden = tied_hidden.reshape(-1, CONFIG.hidden_size)
+    np.testing.assert_allclose(head_logits(restrict_head(tied, tied_params, KEPT), tied_hidden, tied),
+                               tied_logits.reshape(-1, 16)[:, KEPT], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(full_logits(tied_params, tied, tied_hidden), tied_logits.reshape(-1, 16), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_restrict_head_rejects_bad_ids(params):
@@ -76,11 +79,8 @@ def test_restrict_head_rejects_bad_ids(params):
             restrict_head(CONFIG, params, ids)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_proposals_come_from_the_kept_tokens_only(params, temperature):
-    """γ draft steps from a two-token context: every proposed token is a kept one, and each step's q
-    (when sampling) is a distribution over the kept tokens alone."""
-    gamma, b = 4, 8
+def _propose(params, temperature, head, gamma=4, b=8):
+    """γ draft steps from a two-token context per row (tokens i32[B, G], q f32[B, G, V], and the context)."""
     rng = np.random.default_rng(1)
     zero = jnp.zeros(b, jnp.int32)
     sampling = SamplingBatch(temperature=jnp.full(b, temperature), top_k=zero, top_p=jnp.ones(b),
@@ -90,17 +90,26 @@ def test_proposals_come_from_the_kept_tokens_only(params, temperature):
                          last_tokens=jnp.asarray(rng.integers(0, 16, b), jnp.int32), active=jnp.ones(b, bool),
                          sampling=sampling)
     u = round_uniforms(sampling.seed, sampling.index, inputs.positions + 1, gamma, 16, jnp.bool_(temperature == 0))
-    head = restrict_head(CONFIG, params, KEPT)
     x, q, _ = draft_propose(params, CONFIG, _new_pool(CONFIG, b, 16, "auto"), inputs, u[:, :gamma, :-1], "auto", head)
-    assert np.isin(np.asarray(x), KEPT).all()
-    if temperature:
-        q = np.asarray(q)
-        np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-5)
-        assert (np.delete(q, KEPT, axis=-1) == 0).all() and (q[..., KEPT] > 0).all()
-    else:  # greedy: the argmax of the kept tokens' logits, as the unrestricted draft over those logits
-        full = forward_full(params, CONFIG, jnp.concatenate([inputs.prev_tokens[:, None], inputs.last_tokens[:, None],
-                                                             x[:, :-1]], axis=1))
-        np.testing.assert_array_equal(x, KEPT[np.argmax(np.asarray(full)[:, 1:, KEPT], axis=-1)])
+    return np.asarray(x), np.asarray(q), jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
+
+
+def test_greedy_rounds_propose_the_best_kept_token(params):
+    x, _, context = _propose(params, 0.0, restrict_head(CONFIG, params, KEPT))
+    assert np.isin(x, KEPT).all()
+    full = forward_full(params, CONFIG, jnp.concatenate([context, jnp.asarray(x[:, :-1])], axis=1))
+    np.testing.assert_array_equal(x, KEPT[np.argmax(np.asarray(full)[:, 1:, KEPT], axis=-1)])
+    assert not np.isin(_propose(params, 0.0, None)[0], KEPT).all()  # unrestricted, it proposes others here
+
+
+def test_sampled_rounds_draw_from_the_whole_vocabulary(params):
+    """A round with a sampled row keeps the full head (restricted sampling costs acceptance): the same
+    proposals and distributions as the unrestricted draft, up to float rounding."""
+    x, q, _ = _propose(params, 1.0, restrict_head(CONFIG, params, KEPT))
+    x0, q0, _ = _propose(params, 1.0, None)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_allclose(q, q0, rtol=1e-5, atol=1e-7)
+    assert not np.isin(x, KEPT).all()
 
 
 def test_the_zoo_draft_restricted_through_speculative_config():

@@ -297,8 +297,8 @@ def test_a_whole_vocabulary_draft_head_changes_nothing(models, prompts):
 
 
 def test_a_restricted_draft_keeps_greedy_parity_and_the_sampled_stream_exact(models, prompts, reference):
-    """The draft proposes only 8 of 16 tokens: greedy output is still the target's token for token, and
-    sampled tokens still follow the target's conditionals (the draft's q is zero off its tokens)."""
+    """The draft proposes only 8 of 16 tokens in greedy rounds: greedy output is still the target's token for
+    token, and sampled tokens (rounds that draft from the whole head) still follow the target's conditionals."""
     target, draft = models
     head = restrict_head(CONFIG, draft, np.arange(0, CONFIG.vocab_size, 2))
     tokens, n, metrics = spec(models, prompts, draft_head=head)
