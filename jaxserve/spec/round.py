@@ -128,11 +128,11 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     b = inputs.positions.shape[0]
     pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
     toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
-    logits, pool = _draft_forward(params, config, head, toks.reshape(-1), pos.reshape(-1), pool,
-                                  _multi_token_meta(inputs, pos, block_size), attention_impl,
-                                  logits_indices=jnp.arange(b) * 2 + 1)
+    out, pool = _draft_forward(params, config, head, toks.reshape(-1), pos.reshape(-1), pool,
+                               _multi_token_meta(inputs, pos, block_size), attention_impl,
+                               logits_indices=jnp.arange(b) * 2 + 1)
     all_greedy = jnp.all(inputs.sampling.temperature <= 0)
-    x, q = _draft_draw(logits, uniforms[:, 0], inputs.sampling, all_greedy, head, params, config)
+    x, q = _draft_draw(out, uniforms[:, 0], inputs.sampling, all_greedy, head, params, config)
 
     # The γ-1 single-token steps are unrolled, not a lax.scan: a loop-carried pool can get layout
     # copies at the loop boundary (in the engine, with a draft of one KV head, XLA:CPU copied every
@@ -140,9 +140,9 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     tokens, probs = [x], [q]
     for j in range(1, uniforms.shape[1]):
         pos = (inputs.positions + j)[:, None]
-        logits, pool = _draft_forward(params, config, head, tokens[-1], pos[:, 0], pool,
-                                      _multi_token_meta(inputs, pos, block_size), attention_impl)
-        x, q = _draft_draw(logits, uniforms[:, j], inputs.sampling, all_greedy, head, params, config)
+        out, pool = _draft_forward(params, config, head, tokens[-1], pos[:, 0], pool,
+                                   _multi_token_meta(inputs, pos, block_size), attention_impl)
+        x, q = _draft_draw(out, uniforms[:, j], inputs.sampling, all_greedy, head, params, config)
         tokens.append(x)
         probs.append(q)
     return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), pool
