@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from jaxserve.config import ModelConfig
-from jaxserve.models.layers import dot_via
+from jaxserve.models.layers import dense_dot
 
 
 @struct.dataclass
@@ -70,8 +70,5 @@ def full_logits(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Arr
 
 
 def _dot(config: ModelConfig):
-    """The dot of the model's own head: its Dense layers' (``dot_via`` the matmul dtype), or a tied embedding's
-    plain one (flax's ``Embed.attend``)."""
-    dtype, mm = jnp.dtype(config.dtype), jnp.dtype(config.matmul_dtype or config.dtype)
-    plain = config.tie_word_embeddings or mm == jnp.float32 == dtype
-    return jax.lax.dot_general if plain else dot_via(mm)
+    """The dot of the model's own head: its Dense layers', or a tied embedding's plain one (flax's ``Embed.attend``)."""
+    return jax.lax.dot_general if config.tie_word_embeddings else dense_dot(config.dtype, config.matmul_dtype)
