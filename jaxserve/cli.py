@@ -1,4 +1,6 @@
-"""The ``jaxserve`` command: ``generate`` now, ``bench`` for measurements. Thin: parse, call the library."""
+"""The ``jaxserve`` command: ``generate``, ``chat`` (interactive), ``bench`` for measurements.
+
+Thin: parse, call the library."""
 from __future__ import annotations
 
 import argparse
@@ -18,21 +20,67 @@ def _engine_from_overrides(overrides: list[str]) -> dict:
     return {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
 
 
-def cmd_generate(args) -> int:
-    from jaxserve import LLM, SamplingParams
+def _llm(args):
+    from jaxserve import LLM
     from jaxserve.spec.config import SpeculativeConfig
     speculative = None if args.speculative_config is None else SpeculativeConfig.from_json(args.speculative_config)
-    llm = LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
-              **_engine_from_overrides(args.overrides))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, n=args.n)
-    outs = llm.generate(args.prompt, params, use_tqdm=False)
+    return LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
+               **_engine_from_overrides(args.overrides))
+
+
+def _sampling_params(args, n: int = 1):
+    from jaxserve import SamplingParams
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, n=n)
+
+
+def _conversation(system: str | None, user: str) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def cmd_generate(args) -> int:
+    llm = _llm(args)
+    params = _sampling_params(args, args.n)
+    if args.chat:  # each prompt is a user message; the reply alone is printed
+        outs = llm.chat([_conversation(args.system, p) for p in args.prompt], params, use_tqdm=False)
+    else:
+        outs = llm.generate(args.prompt, params, use_tqdm=False)
     for out in outs:
         for completion in out.outputs:
-            sys.stdout.write(f"{out.prompt}{completion.text}\n")
+            sys.stdout.write(f"{'' if args.chat else out.prompt}{completion.text}\n")
             if len(out.outputs) > 1 or len(outs) > 1:
                 sys.stdout.write("-" * 40 + "\n")
     return 0
+
+
+def cmd_chat(args) -> int:
+    """An interactive conversation: each line is a user turn, the reply streams as it is generated."""
+    llm = _llm(args)
+    params = _sampling_params(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        sys.stdout.write(f"jaxserve chat with {args.model}: type a message, /exit to quit, /reset to forget\n")
+    while True:
+        if interactive:
+            sys.stdout.write("> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line.rstrip("\n")})
+        reply = []
+        for piece in llm.stream_chat(history, params):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": "".join(reply)})
 
 
 def cmd_bench(args) -> int:
@@ -44,29 +92,41 @@ def cmd_bench(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxserve", description="JAX/Pallas LLM serving research framework.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench}")
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
-    gen.add_argument("--model", default="jaxserve/tiny-code",
-                     help="zoo name (jaxserve/<name>), jaxserve checkpoint dir or local HF dir")
+    _model_arguments(gen, max_tokens=64)
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true",
+                     help="treat each prompt as a user message under the model's chat template; print the reply")
     gen.add_argument("-n", type=int, default=1, help="samples per prompt")
-    gen.add_argument("--dtype", default=None, help="override the model dtype (float32, bfloat16)")
-    gen.add_argument("--matmul-dtype", default=None,
-                     help="round the Dense layers' dot operands to this dtype, summing in float32 (bfloat16)")
-    gen.add_argument("--speculative-config", default=None, metavar="JSON",
-                     help='speculative decoding, as vLLM\'s: \'{"method": "draft_model", "draft_model": '
-                          '"jaxserve/tiny-code-draft", "num_speculative_tokens": 3}\'')
-    gen.add_argument("overrides", nargs="*", help="engine overrides, e.g. engine.block_size=32")
     gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="an interactive conversation, the reply streamed (/exit to quit)")
+    _model_arguments(chat, max_tokens=256)
+    chat.set_defaults(func=cmd_chat)
     bench = sub.add_parser("bench", help="benchmarks: `jaxserve bench throughput --help`", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _model_arguments(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
+    from jaxserve.zoo import DEFAULT_MODEL
+    cmd.add_argument("--model", default=DEFAULT_MODEL,
+                     help=f"zoo name ({DEFAULT_MODEL}, jaxserve/tiny-code, ...), a .gguf file, a jaxserve checkpoint "
+                          f"dir or a local HF dir (default {DEFAULT_MODEL})")
+    cmd.add_argument("--system", default=None, help="a system message (with --chat, and for chat)")
+    cmd.add_argument("--max-tokens", type=int, default=max_tokens)
+    cmd.add_argument("--temperature", type=float, default=0.0)
+    cmd.add_argument("--top-k", type=int, default=0)
+    cmd.add_argument("--top-p", type=float, default=1.0)
+    cmd.add_argument("--seed", type=int, default=None)
+    cmd.add_argument("--dtype", default=None, help="override the model dtype (float32, bfloat16)")
+    cmd.add_argument("--matmul-dtype", default=None,
+                     help="round the Dense layers' dot operands to this dtype, summing in float32 (bfloat16)")
+    cmd.add_argument("--speculative-config", default=None, metavar="JSON",
+                     help='speculative decoding, as vLLM\'s: \'{"method": "draft_model", "draft_model": '
+                          '"jaxserve/tiny-code-draft", "num_speculative_tokens": 3}\'')
+    cmd.add_argument("overrides", nargs="*", help="engine overrides, e.g. engine.block_size=32")
 
 
 def main(argv: list[str] | None = None) -> int:

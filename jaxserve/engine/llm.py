@@ -101,6 +101,43 @@ class LLM:
                 bar.update(done)
         return [engine.finished.pop(i) for i in ids]
 
+    def chat(self, messages, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generates the assistant's reply to one conversation (a list of ``{"role", "content"}`` dicts) or to
+        each of a list of conversations, as vLLM's ``LLM.chat``.
+
+        The model's chat template (from its GGUF metadata or ``tokenizer_config.json``) renders each
+        conversation, ``add_generation_prompt`` opening the assistant's turn; generation stops at the
+        template's end-of-turn token (added to each request's ``stop_token_ids``). ``outputs[i].prompt`` is the
+        rendered prompt text.
+        """
+        tokenizer = self._chat_tokenizer()
+        single = _is_conversation(messages)
+        conversations = [messages] if single else list(messages)
+        texts = [tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        sampling_params = SamplingParams() if sampling_params is None else sampling_params
+        params = [with_stop_ids(sp, tokenizer.end_of_turn_ids) if isinstance(sp, SamplingParams) else sp
+                  for sp in (sampling_params if isinstance(sampling_params, (list, tuple))
+                             else [sampling_params] * len(texts))]
+        outs = self.generate([tokenizer.encode(t, add_special_tokens=False) for t in texts], params, use_tqdm)
+        for out, text in zip(outs, texts):
+            out.prompt = text
+        return outs
+
+    def stream_chat(self, conversation, sampling_params: SamplingParams | None = None):
+        """Yields the assistant's reply to ``conversation`` as text pieces while it is generated (``n == 1``)."""
+        from jaxserve.engine.streaming import stream_request
+        tokenizer = self._chat_tokenizer()
+        sp = with_stop_ids(SamplingParams() if sampling_params is None else sampling_params, tokenizer.end_of_turn_ids)
+        return stream_request(self.engine, tokenizer.encode_chat(conversation), sp)
+
+    def _chat_tokenizer(self):
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or tokenizer.chat_template is None:
+            raise ValueError("chat needs a model with a chat template (in its GGUF metadata, tokenizer_config.json "
+                             "or chat_template.jinja); this one has none: use generate")
+        return tokenizer
+
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search per prompt; beams share KV blocks through fork and copy-on-write."""
         if self.engine.spec_runner is not None:
@@ -120,6 +157,20 @@ class LLM:
         """KV blocks used/free/cached, prefix-cache hit rate, preemptions, compilations; with speculative
         decoding also ``spec_*``: acceptance rate, mean acceptance length, per-position acceptance, ..."""
         return self.engine.stats()
+
+
+def _is_conversation(messages) -> bool:
+    """A single conversation (a list of message dicts), as opposed to a list of conversations."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Seq) or not messages:
+        raise ValueError("chat expects a conversation (a list of {'role': ..., 'content': ...} dicts) or a list of "
+                         f"conversations, got {messages!r:.80}")
+    return isinstance(messages[0], dict)
+
+
+def with_stop_ids(sp: SamplingParams, stop_ids) -> SamplingParams:
+    """``sp`` also stopping at ``stop_ids`` (a chat's end-of-turn tokens)."""
+    merged = tuple(dict.fromkeys([*sp.stop_token_ids, *stop_ids]))
+    return sp if merged == sp.stop_token_ids else dataclasses.replace(sp, stop_token_ids=merged)
 
 
 def _engine_config(overrides: dict) -> EngineConfig:

@@ -1,4 +1,4 @@
-"""Resolving a model name to (config, params, tokenizer): zoo name, jaxserve checkpoint, or HF dir."""
+"""Resolving a model name to (config, params, tokenizer): zoo name, GGUF file, jaxserve checkpoint, or HF dir."""
 from __future__ import annotations
 
 import pathlib
@@ -16,22 +16,27 @@ ZOO_PREFIX = "jaxserve/"
 
 def model_path(model: str) -> pathlib.Path:
     """The local directory behind ``model`` (a zoo name resolves to the package data)."""
+    from jaxserve.zoo import is_packaged, zoo_path  # the zoo is package data
     path = pathlib.Path(model)
-    if model.startswith(ZOO_PREFIX) and not path.exists():
-        from jaxserve.zoo import zoo_path  # the zoo is package data
-        path = zoo_path(model[len(ZOO_PREFIX):])
+    if not path.exists() and (model.startswith(ZOO_PREFIX) or is_packaged(model)):
+        path = zoo_path(model.removeprefix(ZOO_PREFIX))
     return path
 
 
 def resolve_model(model: str, dtype: str | None = None, matmul_dtype: str | None = None):
     """Returns ``(config, params, tokenizer or None)``; only local files are ever read.
 
-    ``model`` is ``"jaxserve/<zoo name>"``, a jaxserve checkpoint directory, or a local Hugging
-    Face directory (config.json + *.safetensors). ``dtype`` casts the params and activations;
+    ``model`` is ``"jaxserve/<zoo name>"``, a packaged real model (``"smollm2-135m-instruct"``), a local GGUF
+    file (``*.gguf``: weights, tokenizer and chat template in one file), a jaxserve checkpoint directory, or a
+    local Hugging Face directory (config.json + *.safetensors, tokenizer.json and tokenizer_config.json for
+    text prompts and chat). ``dtype`` casts the params and activations;
     ``matmul_dtype`` sets ``ModelConfig.matmul_dtype`` (the Dense layers' dot operands, float32 sums).
     """
     path = model_path(model)
-    if is_checkpoint(path):
+    tokenizer = None
+    if path.suffix == ".gguf" and path.is_file():
+        config, params, tokenizer = load_gguf_model(path, dtype or "float32")
+    elif is_checkpoint(path):
         config, params = load_model(path)
         if dtype is not None and dtype != config.dtype:
             config = config.replace(dtype=dtype)
@@ -39,12 +44,21 @@ def resolve_model(model: str, dtype: str | None = None, matmul_dtype: str | None
     elif (path / "config.json").is_file():
         config, params = load_hf(path, dtype or "float32")
     else:
-        raise ValueError(f"model {model!r} is not a zoo name ('{ZOO_PREFIX}<name>'), a jaxserve checkpoint "
-                         "directory or a local Hugging Face directory")
+        raise ValueError(f"model {model!r} is not a zoo name ('{ZOO_PREFIX}<name>'), a GGUF file, a jaxserve "
+                         "checkpoint directory or a local Hugging Face directory")
     if matmul_dtype is not None:
         config, params = with_matmul_dtype(config, params, matmul_dtype)
-    tokenizer = load_tokenizer(path) if (path / TOKENIZER_FILE).is_file() else None
+    if tokenizer is None and (path / TOKENIZER_FILE).is_file():
+        tokenizer = load_tokenizer(path)
     return config, to_device(params), tokenizer
+
+
+def load_gguf_model(path: pathlib.Path, dtype: str = "float32"):
+    """``(config, params, tokenizer)`` of a GGUF file, its metadata read once for both."""
+    from jaxserve.models.gguf import load_gguf
+    from jaxserve.tokenizer_gguf import tokenizer_from_gguf
+    config, params, meta = load_gguf(path, dtype, with_metadata=True)
+    return config, params, tokenizer_from_gguf(meta)
 
 
 def with_matmul_dtype(config, params, matmul_dtype: str | None):
