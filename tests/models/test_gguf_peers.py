@@ -1,0 +1,144 @@
+"""SmolLM2-135M-Instruct from its GGUF file against Hugging Face transformers reading the same file (float32):
+tokenizer ids on real text, prefill logits, greedy chat replies, perplexity; and GGUF files written by
+``save_gguf`` read by transformers' own GGUF loader (its reverse of llama.cpp's Q/K permutation, not ours)."""
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from jaxserve import LLM, SamplingParams  # noqa: E402
+from jaxserve.models import forward_full  # noqa: E402
+from jaxserve.models.gguf import load_gguf  # noqa: E402
+from jaxserve.models.gguf_export import save_gguf  # noqa: E402
+from jaxserve.models.hf import load_hf  # noqa: E402
+from jaxserve.models.loading import load_gguf_model  # noqa: E402
+from tests.models.gguf_files import smollm2_path  # noqa: E402
+
+# one worker loads the 135M model once for the whole module (pytest -n 2 --dist loadgroup)
+pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2")]
+REAL_TEXT = pathlib.Path(__file__).resolve().parents[1] / "data" / "real_text"
+QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
+             "Write a haiku about the sea.", "How many legs does a spider have? Explain briefly."]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_path()
+    config, params, tokenizer = load_gguf_model(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           torch_dtype=torch.float32).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return config, params, tokenizer, hf, hf_tok
+
+
+def test_tokenizer_matches_transformers_on_real_text(smollm2):
+    """Ids equal transformers' GGUF tokenizer wherever the text has no digits. transformers does not know
+    llama.cpp's ``smollm`` pre-tokenizer (each digit split off first, as in SmolLM2's own tokenizer.json) and
+    falls back to GPT-2's split, which differs around digits ("   1." -> "   ", " 1" there, "    ", "1" in
+    llama.cpp); with that one split added to transformers' tokenizer, every line is equal."""
+    import copy
+
+    from tokenizers import pre_tokenizers
+    _, _, tok, _, hf_tok = smollm2
+    stock = hf_tok.backend_tokenizer
+    digits = copy.deepcopy(stock)
+    digits.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), stock.pre_tokenizer])
+    lines = [line for f in sorted(REAL_TEXT.glob("*.txt")) for line in f.read_text().splitlines()]
+    lines += ["<|im_start|>user\nCafé, naïve, 中文, emoji 🙂 and tabs\t\there<|im_end|>", "  leading spaces", "x = [1, 22, 333]"]
+    assert len(lines) > 2000
+    for line in lines:
+        ids = tok.encode(line)
+        assert ids == digits.encode(line, add_special_tokens=False).ids, line
+        if not any(c.isdigit() for c in line):
+            assert ids == stock.encode(line, add_special_tokens=False).ids, line
+        assert tok.decode(ids, skip_special_tokens=False) == line
+    text = "\n".join(lines[:300])  # and whole paragraphs, newlines included
+    assert tok.encode(text) == digits.encode(text, add_special_tokens=False).ids
+
+
+def _chat_ids(tok, question):
+    return tok.encode_chat([{"role": "user", "content": question}])
+
+
+def test_prefill_logits_match_transformers(smollm2):
+    """Within 1e-4 of transformers run in float64 on the same weights, as close as transformers' own float32.
+
+    Two float32 implementations of 30 layers differ from the float64 result by up to ~9e-5 each, in
+    different directions (up to 1.2e-4 from each other on 0.005% of the logits), so the float64 run is the referee."""
+    import copy
+    config, params, tok, hf, _ = smollm2
+    ids = _chat_ids(tok, QUESTIONS[0])
+    with torch.no_grad():
+        hf32 = hf(torch.tensor([ids])).logits.numpy()
+        hf64 = copy.deepcopy(hf).double()(torch.tensor([ids])).logits.numpy()
+    got = np.asarray(forward_full(params, config, jnp.asarray([ids])))
+    np.testing.assert_allclose(got, hf64, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, hf32, atol=2e-4, rtol=0)
+    assert np.abs(got - hf64).mean() < 1.25 * np.abs(hf32 - hf64).mean()
+
+
+def test_greedy_chat_matches_transformers(smollm2):
+    config, params, tok, hf, _ = smollm2
+    llm = LLM.from_params(config, params, tok, max_num_seqs=4)
+    outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
+                    SamplingParams(max_tokens=40, temperature=0), use_tqdm=False)
+    assert outs[0].outputs[0].text == "The capital of France is Paris."
+    for q, out in zip(QUESTIONS, outs):
+        prompt = _chat_ids(tok, q)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=2,
+                              pad_token_id=2)[0, len(prompt):].tolist()
+        got = out.outputs[0].token_ids
+        n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+        if n is None:
+            assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] == 2), q
+            continue
+        with torch.no_grad():  # a divergence is allowed only right after a near-tie of HF's top two logits
+            top2 = torch.topk(hf(torch.tensor([prompt + ref[:n]])).logits[0, -1], 2).values
+        assert float(top2[0] - top2[1]) < 1e-3, (q, n, got, ref)
+
+
+def test_perplexity_matches_transformers(smollm2):
+    config, params, tok, hf, _ = smollm2
+    ids = tok.encode((REAL_TEXT / "GFDL-1.3.txt").read_text())[:384]
+    logits = np.asarray(forward_full(params, config, jnp.asarray([ids])))[0, :-1]
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    ours = float(np.exp(np.mean(logz - logits[np.arange(len(ids) - 1), ids[1:]])))
+    with torch.no_grad():
+        theirs = float(torch.exp(hf(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
+    assert 1.0 < ours < 100.0  # a real model reading English, not noise
+    assert abs(ours / theirs - 1) < 1e-3, (ours, theirs)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_transformers_reads_our_gguf_files(tmp_path, family):
+    """A random HF model -> load_hf -> save_gguf -> transformers' GGUF loader gives the original's logits."""
+    cls = {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
+    shape = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    if family == "qwen3":  # transformers' GGUF reader takes Qwen3's head_dim from its default (128)
+        shape = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
+    cfg = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family](
+        vocab_size=320, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128, rope_theta=5000.0,
+        rms_norm_eps=1e-5, **shape)
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    config, params = load_hf(tmp_path / "hf")
+    path = save_gguf(tmp_path / "m.gguf", config, params)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
+                                                               torch_dtype=torch.float32).eval()
+    tokens = np.random.default_rng(1).integers(0, 320, (1, 17))
+    with torch.no_grad():
+        expected = model(torch.tensor(tokens)).logits.numpy()
+        np.testing.assert_allclose(theirs(torch.tensor(tokens)).logits.numpy(), expected, atol=1e-4, rtol=0)
+    config2, params2 = load_gguf(path)
+    np.testing.assert_allclose(np.asarray(forward_full(params2, config2, jnp.asarray(tokens))), expected, atol=1e-4)
