@@ -64,7 +64,8 @@ def _search(engine, prompts: list[list[int]], params: BeamSearchParams) -> list[
     sched, eos = engine.scheduler, engine.scheduler.eos_token_id
     sp, rids = _beam_sampling_params(params), []
     try:
-        rids += [engine.add_request(p, sp) for p in prompts]
+        for p in prompts:  # one at a time: an interrupt here is cleaned up too
+            rids.append(engine.add_request(p, sp))
         beams = {rid: {sched.get_request(rid).seqs[0].seq_id: BeamSearchSequence([])} for rid in rids}
         completed = {rid: [] for rid in rids}
         steps = {rid: 0 for rid in rids}

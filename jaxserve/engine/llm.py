@@ -35,6 +35,10 @@ class LLM:
     its Dense layers' dot operands (float32 sums; "bfloat16" on a float32 model: TPU's default precision).
     ``speculative``: a ``SpeculativeConfig`` (draft model, n-gram lookup or Medusa heads); every
     check against the target runs before anything is built.
+
+    Options are checked strictly (ints are ints, flags bools; ``max_model_len`` above the model's
+    ``max_position_embeddings`` is an error, not clamped), and so is the model: NaN/inf params are refused.
+    One ``LLM`` may be shared by threads: its calls run one at a time.
     """
 
     def __init__(self, model: str, *, dtype: str | None = None, matmul_dtype: str | None = None,
@@ -108,7 +112,8 @@ class LLM:
                 engine.validate_request(p, sp, f"prompt {i}")
             ids = []
             try:
-                ids += [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+                for p, sp in zip(prompts, params):  # one at a time: an interrupt here is cleaned up too
+                    ids.append(engine.add_request(p, sp))
                 with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
                     while engine.has_unfinished():
                         done = sum(t.finished for t in engine.step())
