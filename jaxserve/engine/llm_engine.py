@@ -18,6 +18,7 @@ from jaxserve.cache.block_manager import BlockManager
 from jaxserve.cache.kv_pool import kv_pool_bytes_per_block
 from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.config import EngineConfig, ModelConfig
+from jaxserve.engine.memory import check_kv_fits, check_params_finite
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
 from jaxserve.engine.scheduler import Scheduler
@@ -26,7 +27,6 @@ from jaxserve.engine.spec_runner import Proposer, SpecRunner
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.spec.config import SpeculativeConfig
-from jaxserve.engine.memory import check_kv_fits, check_params_finite
 from jaxserve.validation import check_token_ids
 
 
@@ -43,12 +43,12 @@ class LLMEngine:
     def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
                  engine_config: EngineConfig = EngineConfig(), speculative: SpeculativeConfig | None = None,
                  proposer: Proposer | None = None, router_state: dict | None = None):
+        if not isinstance(engine_config, EngineConfig):
+            raise TypeError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
         ec = engine_config
         if speculative is not None and ec.max_num_batched_tokens < 1 + speculative.gamma:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")
-        if not isinstance(engine_config, EngineConfig):
-            raise TypeError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:
             raise ValueError(f"EngineConfig.max_model_len={ec.max_model_len} exceeds the model's "

@@ -199,6 +199,23 @@ def test_7_huge_num_kv_blocks_is_an_error_before_allocating():
         LLM.from_params(CONFIG, PARAMS, **{**ENGINE, "num_kv_blocks": 10**9})
 
 
+class _FakeGpu:
+    platform = "gpu"
+
+    def memory_stats(self):
+        return {"bytes_limit": 1000, "bytes_in_use": 400}
+
+
+def test_7_device_memory_stats_bound_the_pool(monkeypatch):
+    from jaxserve.engine import memory
+    monkeypatch.setattr(memory.jax, "local_devices", lambda: [_FakeGpu(), _FakeGpu()])
+    assert memory.available_bytes() == (1200, "free memory of 2 gpu device(s)")
+    memory.check_kv_fits(12, 100)  # exactly fits
+    with pytest.raises(ValueError, match=r"num_kv_blocks: a KV pool of 13 blocks x 100 bytes = 1,300 bytes does not "
+                                         r"fit in the 1,200 bytes available \(free memory of 2 gpu device\(s\)\)"):
+        memory.check_kv_fits(13, 100)
+
+
 # ---- finding 8: silent coercions, unnamed fields, internal ids ---------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [
