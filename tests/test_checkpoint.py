@@ -132,8 +132,24 @@ def test_a_flipped_bit_anywhere_is_named(saved, tmp_path, where):
     load_model(path)  # restored: loads again
 
 
+def test_random_bit_flips_in_the_array_data_never_load(saved, tmp_path):
+    """Finding 3's reproducer: before manifests 82 of 100 such flips loaded silently with changed weights."""
+    path = copy_of(saved, tmp_path)
+    data = [f for f in all_files(path / "params") if f.parent.name == "d"]
+    rng = np.random.default_rng(25)
+    for _ in range(30):
+        f = data[int(rng.integers(len(data)))]
+        original = f.read_bytes()
+        flipped = bytearray(original)
+        flipped[int(rng.integers(len(original)))] ^= 1 << int(rng.integers(8))
+        f.write_bytes(bytes(flipped))
+        with pytest.raises(CheckpointError, match=f"{f.relative_to(path).as_posix()} does not match its sha256"):
+            load_model(path)
+        f.write_bytes(original)
+
+
 def test_config_edit_that_keeps_shapes_is_detected(saved, tmp_path):
-    """Heads 4/16/2 -> 2/32/1 (same parameter shapes), rope_theta and eos: each loaded silently before."""
+    """Heads/head_dim/kv heads 4/32/2 -> 2/64/1 (q/k/v/o shapes kept), rope_theta, eos: loaded silently before."""
     path = copy_of(saved, tmp_path)
     base = dataclasses.asdict(saved[1])
     edits = [dict(num_heads=base["num_heads"] // 2, head_dim=base["head_dim"] * 2, num_kv_heads=base["num_kv_heads"] // 2),
