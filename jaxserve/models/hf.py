@@ -158,7 +158,8 @@ def _tensor_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
                 raise ValueError(f"{index} puts tensor {name!r} in {f.name}, which does not exist")
         for f in sorted(set(where.values())):
             with _open(f) as sf:
-                missing = sorted(n for n, g in where.items() if g == f and n not in set(sf.keys()))
+                held = set(sf.keys())
+            missing = sorted(n for n, g in where.items() if g == f and n not in held)
             if missing:
                 raise ValueError(f"{index} puts tensor {missing[0]!r} in {f.name}, which does not hold it")
         return where
