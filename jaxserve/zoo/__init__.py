@@ -3,7 +3,8 @@
 Each ``jaxserve/zoo/<name>/`` is a jaxserve checkpoint (``jaxserve_config.json`` + ``params/``) with
 ``tokenizer.json``, ``MODEL_CARD.md`` (figures written by ``scripts/eval_zoo.py``), the training
 curve and metrics, and ``jaxserve_manifest.json`` (sha256 of the files loading reads, checked on
-every load; rewrite it with ``scripts/write_zoo_manifests.py`` after changing any of them). Names may be given bare (``tiny-code``) or prefixed (``jaxserve/tiny-code``).
+every load; rewrite it with ``scripts/write_zoo_manifests.py`` after changing any of them). Names may
+be given bare (``tiny-code``) or prefixed (``jaxserve/tiny-code``).
 """
 from __future__ import annotations
 
