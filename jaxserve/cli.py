@@ -130,12 +130,23 @@ def _model_arguments(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command; every user error (a bad value or type, a missing or corrupt file: ``ValueError``,
+    ``TypeError``, ``OSError``, ``CheckpointError``) is ``jaxserve: error: ...`` on stderr and exit 2."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:
-        print(f"jaxserve: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"jaxserve: error: {_describe(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jaxserve: interrupted", file=sys.stderr)
+        return 130
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:  # "No such file or directory: 'x'"
+        return f"{e.strerror or type(e).__name__}: {e.filename!r}"
+    return str(e) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -145,6 +145,7 @@ class EngineConfig:
     kv_allocation: str = "paged"
 
     def __post_init__(self):
+        _check_engine_types(self)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
                      "kv_cache_bytes"):
             _require(getattr(self, name) > 0, f"EngineConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -158,6 +159,21 @@ class EngineConfig:
                  f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _require(self.kv_allocation in KV_ALLOCATIONS,
                  f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
+
+
+def _check_engine_types(ec: EngineConfig) -> None:
+    """Integers are ints and flags bools (TypeError naming the field); ranges are checked after."""
+    from jaxserve.validation import check_bool, check_int
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
+                 "kv_cache_bytes", "seed"):
+        check_int(f"EngineConfig.{name}", getattr(ec, name))
+    for name in ("num_kv_blocks", "max_model_len"):
+        check_int(f"EngineConfig.{name}", getattr(ec, name), optional=True)
+    check_bool("EngineConfig.enable_prefix_caching", ec.enable_prefix_caching)
+    _require(ec.seed >= 0, f"EngineConfig.seed must be >= 0, got {ec.seed}")
+    for name in ("attention_impl", "kv_allocation"):
+        if not isinstance(getattr(ec, name), str):
+            raise TypeError(f"EngineConfig.{name} must be a str, got {getattr(ec, name)!r}")
 
 
 def apply_overrides(config: Any, overrides: Sequence[str]) -> Any:

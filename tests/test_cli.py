@@ -40,3 +40,49 @@ def test_bench_throughput_with_speculation(tmp_path):
     assert r["spec_generated"] == r["output_tokens"]  # counted over the timed run only
     assert r["spec_compilations"] > 0 and r["compilations_after_warmup"] == 0  # LLM.warmup covered the spec programs
     assert main(argv + ["--backend", "hf"]) == 2  # speculation is the jaxserve backend's, raised before any run
+
+
+# ---- issue 25: every user error is "jaxserve: error: ..." and exit 2, never a traceback ---------
+
+def _hf_dir(path, config):
+    (path / "config.json").write_text(json.dumps(config) if not isinstance(config, str) else config)
+    return str(path)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing dir", "is not a zoo name"),
+    ("config []", "config.json must hold a JSON object, got list"),
+    ("config '4096'", "vocab_size must be an integer, got '4096'"),
+    ("config missing key", "lacks the required key 'hidden_size'"),
+    ("corrupt checkpoint", "jaxserve_config.json does not match its sha256"),
+    ("bad override", "bad override 'engine.block_size=abc'"),
+    ("bad temperature", "SamplingParams.temperature must be a finite number >= 0, got nan"),
+    ("bad n", "SamplingParams.n must be >= 1, got 0"),
+])
+def test_user_errors_exit_2_with_a_message(tmp_path, capsys, case, message):
+    import shutil
+    from jaxserve.zoo import zoo_path
+    cfg = {"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 12,
+           "num_hidden_layers": 1, "num_attention_heads": 2}
+    model, extra = "jaxserve/tiny-code-draft", []
+    if case == "missing dir":
+        model = str(tmp_path / "nowhere")
+    elif case.startswith("config"):
+        bad = {"config []": [], "config '4096'": {**cfg, "vocab_size": "4096"},
+               "config missing key": {k: v for k, v in cfg.items() if k != "hidden_size"}}[case]
+        model = _hf_dir(tmp_path, bad)
+    elif case == "corrupt checkpoint":
+        model = str(tmp_path / "ckpt")
+        shutil.copytree(zoo_path("tiny-code-draft"), model)
+        with open(f"{model}/jaxserve_config.json", "a") as f:
+            f.write(" ")
+    elif case == "bad override":
+        extra = ["engine.block_size=abc"]
+    elif case == "bad temperature":
+        extra = ["--temperature", "nan"]
+    elif case == "bad n":
+        extra = ["-n", "0"]
+    code = main(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("jaxserve: error: ") and message in err, err
+    assert "Traceback" not in err

@@ -36,14 +36,20 @@ def beam_score(prompt_len: int, beam: BeamSearchSequence, length_penalty: float)
 
 
 def beam_search(engine, prompts: Seq, params: BeamSearchParams) -> list[BeamSearchOutput]:
-    """Runs beam search for each prompt on ``engine`` (an idle ``LLMEngine``)."""
+    """Runs beam search for each prompt on ``engine`` (an idle ``LLMEngine``).
+
+    Every prompt is validated before any is queued; on return or on any exception (KeyboardInterrupt
+    included) the engine holds nothing of this call."""
+    if not isinstance(params, BeamSearchParams):
+        raise TypeError(f"expected BeamSearchParams, got {type(params).__name__}")
     width = params.beam_width
     if 2 * width > NUM_TOP_LOGPROBS:
         raise ValueError(f"beam_width={width} exceeds the supported maximum {NUM_TOP_LOGPROBS // 2}")
     if engine.has_unfinished():
         raise ValueError("beam_search needs an idle engine (finish or abort running requests first)")
     per_batch = max(1, engine.engine_config.max_num_seqs // width)
-    token_ids = [engine.tokenize(p) for p in prompts]
+    sp = _beam_sampling_params(params)
+    token_ids = [engine.validate_request(p, sp, f"prompt {i}") for i, p in enumerate(prompts)]
     results = []
     for lo in range(0, len(token_ids), per_batch):
         results += _search(engine, token_ids[lo:lo + per_batch], params)
@@ -56,13 +62,13 @@ def beam_search(engine, prompts: Seq, params: BeamSearchParams) -> list[BeamSear
 
 def _search(engine, prompts: list[list[int]], params: BeamSearchParams) -> list[BeamSearchOutput]:
     sched, eos = engine.scheduler, engine.scheduler.eos_token_id
-    # the scheduler must never stop a beam on its own: beam search decides when beams end
-    sp = SamplingParams(max_tokens=params.max_tokens + 1, temperature=0, ignore_eos=True)
-    rids = [engine.add_request(p, sp) for p in prompts]
-    beams = {rid: {sched.get_request(rid).seqs[0].seq_id: BeamSearchSequence([])} for rid in rids}
-    completed = {rid: [] for rid in rids}
-    steps = {rid: 0 for rid in rids}
+    sp, rids = _beam_sampling_params(params), []
     try:
+        for p in prompts:  # one at a time: an interrupt here is cleaned up too
+            rids.append(engine.add_request(p, sp))
+        beams = {rid: {sched.get_request(rid).seqs[0].seq_id: BeamSearchSequence([])} for rid in rids}
+        completed = {rid: [] for rid in rids}
+        steps = {rid: 0 for rid in rids}
         while any(steps[rid] < params.max_tokens for rid in rids):
             out = sched.schedule()
             sampled = [e for e in out.scheduled if e.sample]
@@ -93,12 +99,18 @@ def _search(engine, prompts: list[list[int]], params: BeamSearchParams) -> list[
         for rid in rids:
             if rid in sched.requests:
                 sched.abort(rid)
+            engine.forget(rid)
     outputs = []
     for rid, prompt in zip(rids, prompts):
         pool = completed[rid] + list(beams[rid].values())
         pool.sort(key=lambda b: beam_score(len(prompt), b, params.length_penalty), reverse=True)
         outputs.append(BeamSearchOutput(prompt, pool[: params.beam_width]))
     return outputs
+
+
+def _beam_sampling_params(params: BeamSearchParams) -> SamplingParams:
+    # the scheduler must never stop a beam on its own: beam search decides when beams end
+    return SamplingParams(max_tokens=params.max_tokens + 1, temperature=0, ignore_eos=True)
 
 
 def _select(candidates, beams, completed, prompt_len, params, eos):

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
+import threading
 from typing import Sequence as Seq
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxserve.config import EngineConfig, ModelConfig
+from jaxserve.config import DTYPES, EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.spec_runner import Proposer
 from jaxserve.engine.outputs import RequestOutput
@@ -32,10 +35,21 @@ class LLM:
     its Dense layers' dot operands (float32 sums; "bfloat16" on a float32 model: TPU's default precision).
     ``speculative``: a ``SpeculativeConfig`` (draft model, n-gram lookup or Medusa heads); every
     check against the target runs before anything is built.
+
+    Options are checked strictly (ints are ints, flags bools; ``max_model_len`` above the model's
+    ``max_position_embeddings`` is an error, not clamped), and so is the model: NaN/inf params are refused.
+    One ``LLM`` may be shared by threads: its calls run one at a time.
     """
 
     def __init__(self, model: str, *, dtype: str | None = None, matmul_dtype: str | None = None,
                  speculative: SpeculativeConfig | None = None, **engine_overrides):
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"LLM: model must be a str (zoo name or path), got {model!r}")
+        model = os.fspath(model)
+        for name, value in (("dtype", dtype), ("matmul_dtype", matmul_dtype)):
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"LLM: {name} must be None or one of {DTYPES}, got {value!r}")
+        self._lock = threading.RLock()
         engine_config = _engine_config(engine_overrides)
         _check_speculative(speculative)
         config, params, tokenizer = resolve_model(model, dtype, matmul_dtype)
@@ -68,6 +82,7 @@ class LLM:
         else:
             proposer = _load_proposer(speculative, config, tokenizer, None, None)
         self = cls.__new__(cls)
+        self._lock = threading.RLock()
         self.engine = LLMEngine(config, params, tokenizer, engine_config, speculative, proposer, router_state)
         return self
 
@@ -80,26 +95,33 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generates for every prompt; returns ``RequestOutput``s in prompt order.
 
-        Every prompt and parameter is validated before any request is queued.
+        Every prompt and parameter is validated before any request is queued (a bad one raises
+        ``TypeError``/``ValueError`` naming ``prompt i``, and nothing changes). Calls from several
+        threads run one at a time. If the loop raises (KeyboardInterrupt included), this call's
+        requests are aborted and forgotten before the exception propagates.
         """
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        sampling_params = SamplingParams() if sampling_params is None else sampling_params
-        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) \
-            else [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        engine = self.engine
-        for i, (p, sp) in enumerate(zip(prompts, params)):  # validate all first: nothing queued on error
-            if not isinstance(sp, SamplingParams):
-                raise ValueError(f"expected SamplingParams for prompt {i}, got {type(sp).__name__}")
-            engine.scheduler.validate_request(f"_check_{i}", engine.tokenize(p), sp)
-        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
-            while engine.has_unfinished():
-                done = sum(t.finished for t in engine.step())
-                bar.update(done)
-        return [engine.finished.pop(i) for i in ids]
+        with self._lock:
+            prompts = _prompt_list(prompts)
+            sampling_params = SamplingParams() if sampling_params is None else sampling_params
+            params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) \
+                else [sampling_params] * len(prompts)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            engine = self.engine
+            for i, (p, sp) in enumerate(zip(prompts, params)):  # validate all first: nothing queued on error
+                engine.validate_request(p, sp, f"prompt {i}")
+            ids = []
+            try:
+                for p, sp in zip(prompts, params):  # one at a time: an interrupt here is cleaned up too
+                    ids.append(engine.add_request(p, sp))
+                with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
+                    while engine.has_unfinished():
+                        done = sum(t.finished for t in engine.step())
+                        bar.update(done)
+                return [engine.finished.pop(i) for i in ids]
+            except BaseException:
+                _abort_all(engine, ids)
+                raise
 
     def chat(self, messages, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -129,7 +151,13 @@ class LLM:
         from jaxserve.engine.streaming import stream_request
         tokenizer = self._chat_tokenizer()
         sp = with_stop_ids(SamplingParams() if sampling_params is None else sampling_params, tokenizer.end_of_turn_ids)
-        return stream_request(self.engine, tokenizer.encode_chat(conversation), sp)
+        ids = tokenizer.encode_chat(conversation)  # errors here, before the generator starts
+        return self._locked(stream_request(self.engine, ids, sp))
+
+    def _locked(self, pieces):
+        """Iterates ``pieces`` holding this LLM's lock (other threads' calls wait until the stream ends)."""
+        with self._lock:
+            yield from pieces
 
     def _chat_tokenizer(self):
         tokenizer = self.engine.tokenizer
@@ -140,23 +168,48 @@ class LLM:
 
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search per prompt; beams share KV blocks through fork and copy-on-write."""
-        if self.engine.spec_runner is not None:
-            raise ValueError("beam_search is not available on an LLM built with speculative decoding")
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        return beam_search(self.engine, prompts, params)
+        with self._lock:
+            if self.engine.spec_runner is not None:
+                raise ValueError("beam_search is not available on an LLM built with speculative decoding")
+            return beam_search(self.engine, _prompt_list(prompts), params)
 
     def warmup(self) -> int:
         """Compiles every shape bucket now (with speculative decoding: its fill, round and copy
         programs); returns how many programs that took."""
-        if self.engine.spec_runner is not None:
-            return self.engine.spec_runner.warmup()
-        return self.engine.runner.warmup()
+        with self._lock:
+            if self.engine.spec_runner is not None:
+                return self.engine.spec_runner.warmup()
+            return self.engine.runner.warmup()
 
     def stats(self) -> dict:
         """KV blocks used/free/cached, prefix-cache hit rate, preemptions, compilations; with speculative
         decoding also ``spec_*``: acceptance rate, mean acceptance length, per-position acceptance, ..."""
-        return self.engine.stats()
+        with self._lock:
+            return self.engine.stats()
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a str, or a sequence of token ids) or a list of them -> a list of prompts."""
+    if isinstance(prompts, (bytes, bytearray)):
+        raise TypeError(f"prompts must be a str, a list of str or a list of token-id lists, got bytes {prompts!r}")
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, np.ndarray):
+        prompts = prompts.tolist() if prompts.ndim > 1 else [prompts.tolist()]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str, a list of str or a list of token-id lists, got "
+                        f"{type(prompts).__name__}")
+    if len(prompts) and isinstance(prompts[0], numbers.Number):
+        return [list(prompts)]  # one prompt of token ids (each id is checked later)
+    return list(prompts)
+
+
+def _abort_all(engine: LLMEngine, ids: list[str]) -> None:
+    """Aborts what is still running of ``ids`` and drops their results: a failed call leaves no trace."""
+    for rid in ids:
+        if rid in engine.scheduler.requests:
+            engine.abort(rid)
+        engine.forget(rid)
 
 
 def _is_conversation(messages) -> bool:

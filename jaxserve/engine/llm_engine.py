@@ -19,6 +19,7 @@ from jaxserve.cache.kv_pool import kv_pool_bytes_per_block
 from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.compile_cache import enable_compilation_cache
+from jaxserve.engine.memory import check_kv_fits, check_params_finite
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.engine.runner import ModelRunner, SampleRow
 from jaxserve.engine.scheduler import Scheduler
@@ -27,6 +28,7 @@ from jaxserve.engine.spec_runner import Proposer, SpecRunner
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.spec.config import SpeculativeConfig
+from jaxserve.validation import check_token_ids
 
 
 @dataclass(frozen=True)
@@ -42,15 +44,24 @@ class LLMEngine:
     def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
                  engine_config: EngineConfig = EngineConfig(), speculative: SpeculativeConfig | None = None,
                  proposer: Proposer | None = None, router_state: dict | None = None):
+        if not isinstance(engine_config, EngineConfig):
+            raise TypeError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
         ec = engine_config
         if speculative is not None and ec.max_num_batched_tokens < 1 + speculative.gamma:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
-        self.max_model_len = min(ec.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // kv_pool_bytes_per_block(
-            config.num_layers, ec.block_size, config.num_kv_heads, config.head_dim, config.dtype)
+        if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:
+            raise ValueError(f"EngineConfig.max_model_len={ec.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={config.max_position_embeddings}")
+        self.max_model_len = ec.max_model_len or config.max_position_embeddings
+        check_params_finite(params, "model")
+        if proposer is not None and proposer.params is not None:
+            check_params_finite(proposer.params, f"{proposer.method} proposer")
+        block_bytes = kv_pool_bytes_per_block(config.num_layers, ec.block_size, config.num_kv_heads,
+                                              config.head_dim, config.dtype)
+        num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // block_bytes
         if num_blocks < 1:
             raise ValueError(f"kv_cache_bytes={ec.kv_cache_bytes} is smaller than one KV block")
         eos = tokenizer.eos_token_id if tokenizer is not None and tokenizer.eos_token_id is not None \
@@ -61,6 +72,7 @@ class LLMEngine:
             # A spare block per seat for its partial last block: the token-granular reservations,
             # not block rounding, must be what limits admission.
             num_blocks += ec.max_num_seqs
+        check_kv_fits(num_blocks, block_bytes, "num_kv_blocks" if ec.num_kv_blocks else "kv_cache_bytes")
         self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
@@ -86,29 +98,58 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
+    def tokenize(self, prompt: str | Seq[int], label: str = "prompt") -> list[int]:
+        """A prompt's token ids: a ``str`` through the tokenizer, or a sequence of ints in ``[0, vocab)``
+        (not floats, bools, bytes); ``TypeError``/``ValueError`` name ``label`` and the value."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
-            return self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
-        return ids
+                raise ValueError(f"{label}: this model has no tokenizer: pass prompts as lists of token ids")
+            return check_token_ids(label, self.tokenizer.encode(prompt), self.config.vocab_size)
+        return check_token_ids(label, prompt, self.config.vocab_size)
+
+    def validate_request(self, prompt: str | Seq[int], sampling_params: SamplingParams,
+                         label: str = "prompt") -> list[int]:
+        """Every check of ``add_request`` without queuing anything; returns the prompt's token ids."""
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"{label}: expected SamplingParams, got {type(sampling_params).__name__}")
+        token_ids = self.tokenize(prompt, label)
+        self.scheduler.validate_request(None, token_ids, sampling_params, label=label)
+        return token_ids
 
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams,
                     request_id: str | None = None) -> str:
-        """Queues a prompt; every user error raises ``ValueError`` before any state changes."""
-        if not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"expected SamplingParams, got {type(sampling_params).__name__}")
-        token_ids = self.tokenize(prompt)
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        """Queues a prompt; every user error raises before any state changes.
+
+        ``request_id``: a str not used by any live request or unclaimed result in ``finished``
+        (None: a fresh one that is neither).
+        """
+        if request_id is not None:
+            if not isinstance(request_id, str):
+                raise TypeError(f"request_id must be a str or None, got {request_id!r}")
+            if request_id in self.scheduler.requests or request_id in self.finished:
+                raise ValueError(f"request id {request_id!r} is already in use")
+        label = "prompt" if request_id is None else f"request {request_id!r}"
+        token_ids = self.validate_request(prompt, sampling_params, label)
+        request_id = self._new_id() if request_id is None else request_id
         self.scheduler.add_request(request_id, token_ids, sampling_params)
         seed = sampling_params.seed
         self._seeds[request_id] = int(self._rng.integers(2**32)) if seed is None else seed
         self._prompts[request_id] = prompt if isinstance(prompt, str) else None
         return request_id
+
+    def _new_id(self) -> str:
+        while True:  # skip ids a user took: results are never overwritten
+            rid = str(next(self._ids))
+            if rid not in self.scheduler.requests and rid not in self.finished:
+                return rid
+
+    def forget(self, request_id: str) -> None:
+        """Drops every trace of a request that is no longer live (its result included)."""
+        self.finished.pop(request_id, None)
+        self._seeds.pop(request_id, None)
+        self._prompts.pop(request_id, None)
+        for key in [k for k in self._logprobs if k[0] == request_id]:
+            del self._logprobs[key]
 
     def abort(self, request_id: str) -> RequestOutput:
         """Stops a request and frees its blocks; an unknown id is a ``ValueError``."""
@@ -120,6 +161,8 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[StepToken]:
+        if not self.scheduler.has_unfinished():
+            return []
         out = self.scheduler.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler could not schedule any work: the KV pool is too small for "

@@ -134,10 +134,13 @@ class Scheduler:
         self.waiting.append(seq)
         return req
 
-    def validate_request(self, request_id: str, prompt_token_ids: Seq[int],
-                         sampling_params: Any) -> None:
-        """The checks of ``add_request``, queuing nothing: ``ValueError`` if it can never run."""
-        self._validate(request_id, prompt_token_ids, sampling_params)
+    def validate_request(self, request_id: str | None, prompt_token_ids: Seq[int],
+                         sampling_params: Any, label: str | None = None) -> None:
+        """The checks of ``add_request``, queuing nothing: ``ValueError`` if it can never run.
+
+        ``request_id`` None skips the duplicate check; ``label`` names the request in messages
+        (default ``request '<id>'``)."""
+        self._validate(request_id, prompt_token_ids, sampling_params, label)
 
     def abort(self, request_id: str) -> Request:
         """Stops a request now and frees all its blocks; unknown (or finished) id: ValueError."""
@@ -281,33 +284,34 @@ class Scheduler:
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _validate(self, request_id, prompt_token_ids, params) -> None:
-        if request_id in self.requests:
+    def _validate(self, request_id, prompt_token_ids, params, label=None) -> None:
+        if request_id is not None and request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        who = label or f"request {request_id!r}"
         p = len(prompt_token_ids)
         if p == 0:
-            raise ValueError(f"request {request_id!r}: empty prompt")
+            raise ValueError(f"{who}: empty prompt")
         if p > self.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt of {p} tokens is longer than "
+            raise ValueError(f"{who}: prompt of {p} tokens is longer than "
                              f"max_model_len={self.max_model_len}")
         max_tokens, n = params.max_tokens, getattr(params, "n", 1)
         if max_tokens is None:  # as in vLLM: until max_model_len
             max_tokens = max(self.max_model_len - p, 1)
         if max_tokens < 1 or n < 1:
-            raise ValueError(f"request {request_id!r}: max_tokens={max_tokens} and n={n} must be >= 1")
+            raise ValueError(f"{who}: max_tokens={max_tokens} and n={n} must be >= 1")
         if n > self.max_num_seqs:
-            raise ValueError(f"request {request_id!r}: n={n} exceeds max_num_seqs={self.max_num_seqs}")
+            raise ValueError(f"{who}: n={n} exceeds max_num_seqs={self.max_num_seqs}")
         # The last token is sampled, never run, so a sequence needs (final length - 1) slots.
         final_len = min(p + max_tokens, max(self.max_model_len, p + 1))
         blocks = self.bm.blocks_for(final_len - 1 + self.num_lookahead_slots)
         if blocks > self.bm.num_blocks:
-            raise ValueError(f"request {request_id!r}: {p} prompt + up to {final_len - p} output "
+            raise ValueError(f"{who}: {p} prompt + up to {final_len - p} output "
                              f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
                              f"pool has only {self.bm.num_blocks}")
         if self.reservations is not None:
             slots, space = self.reservations.size(final_len, n).slots, self.reservations.space
             if slots > space.capacity:
-                raise ValueError(f"request {request_id!r}: {self.reservations.policy} reserves {slots} "
+                raise ValueError(f"{who}: {self.reservations.policy} reserves {slots} "
                                  f"KV slots, more than the {space.capacity} there are")
 
     @staticmethod

@@ -42,8 +42,7 @@ def stream_request(engine, prompt_token_ids: Seq[int], sampling_params) -> Itera
                     piece = detok.push(token.token_id)
                     if piece:
                         yield piece
-        engine.finished.pop(request_id, None)
     finally:
         if not done and request_id in engine.scheduler.requests:
             engine.abort(request_id)
-            engine.finished.pop(request_id, None)
+        engine.forget(request_id)

@@ -17,6 +17,7 @@ import numpy as np
 from safetensors import safe_open
 
 from jaxserve.config import ModelConfig
+from jaxserve.models.hf_config_check import check_hf_config
 from jaxserve.models.transformer import param_shapes
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
@@ -113,16 +114,81 @@ def hf_tensor_name(path: tuple[str, ...], model_type: str = "llama") -> tuple[st
     return f"{prefix}.{block}.{path[2]}.{leaf}", path[3] == "kernel"
 
 
+INDEX_FILE = "model.safetensors.index.json"
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype names jaxserve reads
+
+
 def _read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor, from the file the index names for it (``model.safetensors.index.json``, when
+    present: other ``*.safetensors`` files are ignored), else from the one file that holds it (a
+    tensor in two files is an error naming both). Only float dtypes are read."""
+    where = _tensor_files(directory)
+    tensors = {}
+    for f in sorted(set(where.values())):
+        with _open(f) as sf:
+            for name in sf.keys():
+                if where.get(name) != f:
+                    continue  # the index puts it elsewhere
+                dtype = sf.get_slice(name).get_dtype()
+                if dtype not in _FLOAT_DTYPES:
+                    raise ValueError(f"tensor {name!r} in {f.name} has dtype {dtype}: jaxserve reads float tensors "
+                                     f"({', '.join(_FLOAT_DTYPES)}) and no HF quantization format")
+                tensors[name] = sf.get_tensor(name)
+    return tensors
+
+
+def _open(f: pathlib.Path):
+    try:
+        return safe_open(f, framework="flax")
+    except Exception as e:  # safetensors' own error type for a truncated or foreign file
+        raise ValueError(f"{f} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def _tensor_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Tensor name -> the safetensors file to read it from."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            where = {name: directory / file for name, file in weight_map.items()}
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
+        for name, f in where.items():
+            if not f.is_file():
+                raise ValueError(f"{index} puts tensor {name!r} in {f.name}, which does not exist")
+        for f in sorted(set(where.values())):
+            with _open(f) as sf:
+                held = set(sf.keys())
+            missing = sorted(n for n, g in where.items() if g == f and n not in held)
+            if missing:
+                raise ValueError(f"{index} puts tensor {missing[0]!r} in {f.name}, which does not hold it")
+        return where
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors files in {directory}")
-    tensors = {}
+    where = {}
     for f in files:
-        with safe_open(f, framework="flax") as sf:
+        with _open(f) as sf:
             for name in sf.keys():
-                tensors[name] = sf.get_tensor(name)
-    return tensors
+                if name in where:
+                    raise ValueError(f"tensor {name!r} is in both {where[name].name} and {f.name} (and there is no "
+                                     f"{INDEX_FILE} to say which to use): remove the stale file")
+                where[name] = f
+    return where
+
+
+def _config(file: pathlib.Path, dtype: str) -> ModelConfig:
+    try:
+        hf = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    check_hf_config(hf, str(file))
+    try:
+        return config_from_hf(hf, dtype)
+    except KeyError as e:
+        raise ValueError(f"{file} lacks the required key {e.args[0]!r}") from None
+    except (TypeError, AttributeError) as e:  # a value of a shape the checks above do not know
+        raise ValueError(f"{file} has a malformed value: {type(e).__name__}: {e}") from None
 
 
 def load_hf(path: str | pathlib.Path, dtype: str = "float32") -> tuple[ModelConfig, dict]:
@@ -130,7 +196,7 @@ def load_hf(path: str | pathlib.Path, dtype: str = "float32") -> tuple[ModelConf
     directory = pathlib.Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json)")
-    config = config_from_hf(json.loads((directory / "config.json").read_text()), dtype)
+    config = _config(directory / "config.json", dtype)
     tensors = _read_safetensors(directory)
     expected = param_shapes(config)
     used = set()

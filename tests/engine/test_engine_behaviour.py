@@ -157,9 +157,12 @@ def test_bad_requests_raise_before_state_changes(llm, prompt, params, message):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"n": 0}, "n must be >= 1"), ({"temperature": -1}, "temperature must be >= 0"),
-    ({"top_p": 0}, r"top_p must be in \(0, 1\]"), ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-    ({"top_k": -1}, "top_k must be >= 0"), ({"max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"n": 0}, r"SamplingParams\.n must be >= 1, got 0"),
+    ({"temperature": -1}, r"SamplingParams\.temperature must be a finite number >= 0, got -1"),
+    ({"top_p": 0}, r"SamplingParams\.top_p must be a finite number > 0 and <= 1, got 0"),
+    ({"top_p": 1.5}, r"SamplingParams\.top_p must be a finite number > 0 and <= 1, got 1\.5"),
+    ({"top_k": -1}, r"SamplingParams\.top_k must be in \[0, 2\*\*31\), got -1"),
+    ({"max_tokens": 0}, r"SamplingParams\.max_tokens must be >= 1, got 0"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
