@@ -18,7 +18,7 @@ from jaxserve.checkpoint import load_model
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train import zoo
 from jaxserve.train.data import encode_split
-from jaxserve.zoo import available_models, zoo_path
+from jaxserve.zoo import trained_models, zoo_path
 
 DESCRIPTIONS = {
     "tiny-code": "The target model of jaxserve's demos: a small Llama-style model of Python source, "
@@ -46,10 +46,10 @@ def measure(name: str) -> dict:
     if router_state is not None:
         ev["balance"] = zoo.measure_balance(name, zoo.EVAL_WINDOWS)
         ev["val_zero_bias"] = zoo.measure_perplexity(name, zoo.EVAL_WINDOWS, use_router_state=False)
-    if name in DRAFTS and DRAFTS[name] in available_models():
+    if name in DRAFTS and DRAFTS[name] in trained_models():
         ev["alpha"] = zoo.acceptance_alpha(DRAFTS[name], name)
     models = {name: (config, params)}
-    if name != REFERENCE and REFERENCE in available_models():
+    if name != REFERENCE and REFERENCE in trained_models():
         models[REFERENCE] = load_model(zoo_path(REFERENCE))
     shapes = [(8, 256), (4, 64)]
     ev["loadavg"] = os.getloadavg()  # the card states it: wall-time ratios drift under load
@@ -62,7 +62,7 @@ def measure(name: str) -> dict:
 
 
 def main(names: list[str]) -> None:
-    for name in names or available_models():
+    for name in names or trained_models():
         ev = measure(name)
         (zoo_path(name) / zoo.EVAL_FILE).write_text(json.dumps(ev, indent=2))
         (zoo_path(name) / "MODEL_CARD.md").write_text(zoo.render_card(name, DESCRIPTIONS.get(name, ""), ev))

@@ -8,11 +8,11 @@ from __future__ import annotations
 import sys
 
 from jaxserve.checkpoint import CheckpointError, verify_manifest, write_manifest
-from jaxserve.zoo import available_models, zoo_path
+from jaxserve.zoo import trained_models, zoo_path
 
 
 def main(argv: list[str]) -> int:
-    for name in available_models():
+    for name in trained_models():
         if "--check" in argv:
             try:
                 verify_manifest(zoo_path(name))

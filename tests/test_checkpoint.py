@@ -214,7 +214,7 @@ def test_killed_save_blocks_nothing(saved, tmp_path, monkeypatch):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-@pytest.mark.parametrize("name", __import__("jaxserve.zoo", fromlist=["x"]).available_models())
+@pytest.mark.parametrize("name", __import__("jaxserve.zoo", fromlist=["x"]).trained_models())
 def test_zoo_checkpoints_carry_a_manifest_that_matches(name):
     from jaxserve.checkpoint import verify_manifest
     from jaxserve.zoo import zoo_path

@@ -29,9 +29,14 @@ class ModelNotInstalledError(ValueError):
     """A packaged model whose package is not installed; the message gives the install command."""
 
 
+def trained_models() -> list[str]:
+    """The jaxserve checkpoints bundled in this folder (trained here)."""
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "jaxserve_config.json").is_file())
+
+
 def available_models() -> list[str]:
-    trained = [p.name for p in ZOO_DIR.iterdir() if (p / "jaxserve_config.json").is_file()]
-    return sorted(trained + list(PACKAGED))
+    """Every zoo name: the trained checkpoints and the packaged real models."""
+    return sorted(trained_models() + list(PACKAGED))
 
 
 def is_zoo_name(name: str) -> bool:
