@@ -1,9 +1,11 @@
 """EXPERIMENTAL, UNVERIFIED ON HARDWARE: a Mosaic GPU (Hopper) decode paged-attention kernel.
 
-Checked only in Mosaic GPU's CPU interpreter (tests/paged_attention/test_mosaic_kernel.py); it has
-never been compiled or run on an H100/H200. The portable kernel in ``decode.py`` is the supported
-path; this one is opt-in, reachable only by calling ``paged_attention_mosaic``, and is meant to be
-measured (benchmarks/gpu_check.sh) when a session gets a GPU.
+Checked in Mosaic GPU's CPU interpreter and by lowering for an abstract H200
+(tests/paged_attention/test_mosaic_kernel.py); it has never been compiled or run on an H100/H200.
+The portable kernel in ``decode.py`` is the default GPU path; this one is opt-in: the engine's
+``attention_impl="mosaic"`` runs it for decode steps (prefill and mixed steps keep the portable
+ragged kernel), and benchmarks/gpu_check.sh measures it when a session gets a GPU. On CPU it runs
+in the interpreter (correctness only).
 
 Axis names as in ``decode.py``. Grid (B, K): one CTA (one warpgroup) per sequence and kv head.
 The G query heads of the kv head, padded to the 64 rows a WGMMA needs, stay in shared memory; K/V
@@ -155,7 +157,8 @@ def paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
 
     Same contract as ``paged_attention`` minus soft_cap/sliding_window/tiling options, and only
     bf16/f16, head dims that are multiples of 64, page sizes dividing 64, G = H // K <= 64.
-    interpret: None compiles (GPU only); pass Mosaic GPU interpret params to run on CPU.
+    interpret: None compiles on GPU and runs Mosaic GPU's CPU interpreter elsewhere (slow: for
+    correctness only); or pass ``plgpu.InterpretGPUParams(...)`` / False explicitly.
     """
     _validate.check_decode(q, k_pages, v_pages, block_tables, lengths)
     page_size, head_dim = k_pages.shape[1], k_pages.shape[3]
@@ -166,5 +169,9 @@ def paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
         raise ValueError(f"unsupported by the Mosaic GPU kernel: head_dim={head_dim} (multiple of "
                          f"64), page_size={page_size} (8..64 dividing 64), group={group} (<= 64)")
     sm_scale = float(head_dim ** -0.5 if sm_scale is None else sm_scale)
+    if interpret is None and jax.default_backend() != "gpu":
+        interpret = _compat.mosaic_interpret_params()
+    elif interpret is False:
+        interpret = None
     return _paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths,
                                    sm_scale=sm_scale, interpret=interpret)
