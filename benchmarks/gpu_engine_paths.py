@@ -61,6 +61,9 @@ def main():
     params = init_params(config, jax.random.key(0))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, config.vocab_size, prompt_len).tolist() for _ in range(batch)]
+    meta = {"date": datetime.date.today().isoformat(), "jax": jax.__version__,
+            "device": str(jax.devices()[0].device_kind), "smoke": smoke, "batch": batch,
+            "prompt_len": prompt_len, "max_tokens": max_tokens}
     rows, base = [], None
     for label, kwargs in PATHS:
         if args.only and label not in args.only.split(","):
@@ -80,12 +83,9 @@ def main():
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"date": datetime.date.today().isoformat(), "jax": jax.__version__,
-            "device": str(jax.devices()[0].device_kind), "smoke": smoke, "batch": batch,
-            "prompt_len": prompt_len, "max_tokens": max_tokens}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.out:  # after every row: a timeout keeps what was measured
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
