@@ -1,6 +1,7 @@
 """Greedy LLM.generate equals HF transformers generate token for token."""
 import numpy as np
 import pytest
+
 try:  # the peers extra; without it these tests skip by their marker (tests/conftest.py)
     import torch
     import transformers
