@@ -48,6 +48,7 @@ step pytest_gpu 240 python -m pytest -m gpu tests/ -q -rfEs -p no:cacheprovider 
 step bench_paged_attention 150 python benchmarks/paged_attention.py --out "$OUT/paged_attention.json"
 if [[ -f benchmarks/fp4_matmul.py ]]; then
   step bench_fp4_matmul 100 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
+  step bench_fp4_matmul_mxfp4 60 python benchmarks/fp4_matmul.py --fmt mxfp4 --iters 10 --out "$OUT/fp4_mxfp4.json"
 fi
 # The roofline model (jaxserve/perfmodel.py) against jaxserve's measured decode step on this GPU
 # (experiments/blackwell_roofline, its config.GPU overrides). It imports jaxserve, which needs
@@ -67,6 +68,13 @@ fi
 step pytest_gpu_mosaic 90 python -m pytest -m gpu "$MOSAIC_TESTS" -q -rfEs -p no:cacheprovider --continue-on-collection-errors
 step bench_mosaic 90 python benchmarks/paged_attention.py --impls mosaic,pallas,contiguous --limit 4 \
   --out "$OUT/paged_attention_mosaic.json"
+# The engine's paths end to end (attention_impl pallas/mosaic vs reference, quant_impl pallas vs
+# reference for nvfp4/mxfp4): tok/s, tokens equal, max log-prob difference. Needs omegaconf (jaxserve).
+if python -c "import omegaconf" 2>/dev/null; then
+  step engine_paths 120 python benchmarks/gpu_engine_paths.py --out "$OUT/engine_paths.json"
+else
+  echo "== engine_paths: skipped, omegaconf missing"; printf 'engine_paths\tskipped\t0\n' >> "$STATUS"
+fi
 
 python - "$OUT" <<'EOF'
 import json, pathlib, sys
@@ -104,8 +112,17 @@ if spec.exists():
           + ", ".join(f"{k} {v['min_ms']:.3f} ms" for k, v in data["parts"].items()))
     if "program" in data:
         print("  in the programs: " + ", ".join(f"{k} {v:.4g}" for k, v in data["program"].items()))
-fp4 = out / "fp4.json"
-if fp4.exists():
+paths = out / "engine_paths.json"
+if paths.exists():
+    data = json.loads(paths.read_text())
+    print(f"engine paths ({data['meta']['device']}, jax {data['meta']['jax']}, batch {data['meta']['batch']}):")
+    for r in data["rows"]:
+        print(f"  {r['path']:24} " + (r["error"] if "error" in r else
+              f"{r['tok_per_s']:9.1f} tok/s  tokens_equal={r.get('tokens_equal', '-')}  "
+              f"max|dlogp|={r.get('max_abs_logprob_diff', float('nan')):.2e}"))
+for fp4 in (out / "fp4.json", out / "fp4_mxfp4.json"):
+    if not fp4.exists():
+        continue
     data = json.loads(fp4.read_text())
     print(f"fp4 matmul ({data.get('device')}, copy {data.get('copy_bandwidth_GBps', 0):.0f} GB/s):")
     keys = ["impl", "M", "K", "N", "time_us", "GBps", "speedup_vs_bf16", "frac_of_copy_bw"]

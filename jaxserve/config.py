@@ -12,7 +12,8 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-ATTENTION_IMPLS = ("auto", "pallas", "xla", "reference")
+ATTENTION_IMPLS = ("auto", "pallas", "mosaic", "xla", "reference")
+QUANT_IMPLS = ("auto", "pallas", "reference")  # see jaxserve/quant/matmul.py
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
@@ -136,9 +137,13 @@ class EngineConfig:
     max_num_partial_prefills: int = 8
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    attention_impl: str = "auto"  # auto (pallas on GPU, xla elsewhere) | pallas | xla | reference
+    # auto (pallas on GPU, xla elsewhere) | pallas | mosaic (Hopper decode kernel, GPU only) | xla | reference
+    attention_impl: str = "auto"
     quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
     # (of the target: with speculative decoding the draft model or Medusa heads keep their own weights)
+    # the quantized matmul: auto (Pallas FP4 kernel on GPU, dequantize-then-dot on CPU) | pallas
+    # (the kernel; interpret mode on CPU) | reference (dequantize-then-dot); fp8/int4 always dequantize
+    quant_impl: str = "auto"
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).
@@ -157,6 +162,8 @@ class EngineConfig:
                  f"EngineConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
         _require(self.quantization in QUANTIZATIONS,
                  f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        _require(self.quant_impl in QUANT_IMPLS,
+                 f"EngineConfig.quant_impl must be one of {QUANT_IMPLS}, got {self.quant_impl!r}")
         _require(self.kv_allocation in KV_ALLOCATIONS,
                  f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
 

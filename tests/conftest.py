@@ -1,9 +1,19 @@
-"""Shared test configuration: GPU-marked tests run only on a GPU backend."""
+"""Shared test configuration: GPU-marked tests run only on a GPU backend; peers-marked tests only
+with the peers extra (torch, transformers) installed."""
+import importlib.util
+
 import jax
 import pytest
 
+HAVE_PEERS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
 
 def pytest_collection_modifyitems(config, items):
+    if not HAVE_PEERS:
+        skip_peers = pytest.mark.skip(reason="needs the peers extra (torch, transformers)")
+        for item in items:
+            if "peers" in item.keywords:
+                item.add_marker(skip_peers)
     if jax.default_backend() == "gpu":
         return
     skip = pytest.mark.skip(reason="needs a GPU (run by benchmarks/gpu_check.sh)")

@@ -82,7 +82,7 @@ class LLMEngine:
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)
-            quant = MatmulSettings(impl="auto")
+            quant = MatmulSettings(impl=ec.quant_impl)
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,

@@ -39,8 +39,9 @@ class AttentionMetadata:
 def resolve_impl(impl: str) -> str:
     if impl == "auto":
         return "pallas" if jax.default_backend() == "gpu" else "xla"
-    if impl not in ("pallas", "xla", "reference"):
-        raise ValueError(f"attention_impl must be 'auto', 'pallas', 'xla' or 'reference', got {impl!r}")
+    if impl not in ("pallas", "mosaic", "xla", "reference"):
+        raise ValueError("attention_impl must be 'auto', 'pallas', 'mosaic', 'xla' or 'reference', "
+                         f"got {impl!r}")
     return impl
 
 
@@ -56,16 +57,19 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     ``k_pages`` is in the layout ``k_tokens_minor(impl)`` says (the pool was built for ``impl``)."""
     impl = resolve_impl(impl)
     if meta.decode_only:
+        # "mosaic": the Mosaic GPU (Hopper) decode kernel; Mosaic GPU's CPU interpreter elsewhere
         fn = {"reference": pa.paged_attention_reference, "xla": pa.paged_attention_online,
-              "pallas": pa.paged_attention}[impl]
+              "pallas": pa.paged_attention, "mosaic": pa.paged_attention_mosaic}[impl]
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
-    if impl != "pallas" and meta.uniform_q_len is not None:
+    if impl not in ("pallas", "mosaic") and meta.uniform_q_len is not None:
         fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
         return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len)
     if impl == "xla":
         return pa.ragged_paged_attention_online(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
                                                 meta.cu_q_lens, max_chunks=meta.max_chunks)
-    fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention}[impl]
+    # "mosaic" has no multi-query kernel yet: prefill and mixed steps run the portable Pallas one
+    fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention,
+          "mosaic": pa.ragged_paged_attention}[impl]
     return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
 
 

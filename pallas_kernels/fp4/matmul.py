@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels import _compat
 from pallas_kernels.fp4 import quantized_tensor as qtm
 from pallas_kernels.fp4.e2m1 import decode_e2m1
 from pallas_kernels.fp4.formats import dequantize, quantize
@@ -130,6 +131,10 @@ def _fp4_matmul_call(x, w, *, block_sizes, interpret, w4a4, precision, out_dtype
         ],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
         interpret=interpret,
+        # Explicit, so the backend is chosen: on jax 0.10.2 the default is Mosaic GPU, which cannot
+        # lower this grid kernel (its copies need warpgroup-multiple byte counts). Triton is kept
+        # for the portable kernel; the Mosaic GPU path is a plgpu.kernel of its own.
+        compiler_params=None if interpret else _compat.triton_params(num_warps=4, num_stages=2),
         name=f"fp4_matmul_{w.fmt}",
     )(gs, xp[:, 0::2], xp[:, 1::2], data, scales)
     return out[:m, :n]

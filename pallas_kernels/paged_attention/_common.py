@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import _compat
+
 # Finite, so that `m_prev - m_new` never becomes `-inf - -inf`; fully masked rows keep l == 0.
 MASK_VALUE = -1e30
 
@@ -21,11 +23,13 @@ def resolve_interpret(interpret):
 
 
 def compiler_params(interpret, num_warps=4, num_stages=2):
-    """Pin the Triton lowering when compiling: from jax 0.11 plain pallas_call may pick Mosaic GPU."""
+    """Pin the Triton lowering when compiling: on jax 0.10.2 a plain pallas_call defaults to Mosaic
+    GPU (0.11+ default to Triton). Triton stays these kernels' GPU path because they are portable
+    ``pl.pallas_call`` grids over gathered pages (Mosaic GPU needs ``plgpu.kernel`` with TMA copies
+    and 64-row WGMMA tiles: see mosaic.py for the decode kernel written that way)."""
     if interpret:
         return None
-    from jax.experimental.pallas import triton as pltriton
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return _compat.triton_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def next_power_of_2(n: int) -> int:

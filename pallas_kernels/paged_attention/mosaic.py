@@ -1,9 +1,11 @@
 """EXPERIMENTAL, UNVERIFIED ON HARDWARE: a Mosaic GPU (Hopper) decode paged-attention kernel.
 
-Checked only in Mosaic GPU's CPU interpreter (tests/paged_attention/test_mosaic_kernel.py); it has
-never been compiled or run on an H100/H200. The portable kernel in ``decode.py`` is the supported
-path; this one is opt-in, reachable only by calling ``paged_attention_mosaic``, and is meant to be
-measured (benchmarks/gpu_check.sh) when a session gets a GPU.
+Checked in Mosaic GPU's CPU interpreter and by lowering for an abstract H200
+(tests/paged_attention/test_mosaic_kernel.py); it has never been compiled or run on an H100/H200.
+The portable kernel in ``decode.py`` is the default GPU path; this one is opt-in: the engine's
+``attention_impl="mosaic"`` runs it for decode steps (prefill and mixed steps keep the portable
+ragged kernel), and benchmarks/gpu_check.sh measures it when a session gets a GPU. On CPU it runs
+in the interpreter (correctness only).
 
 Axis names as in ``decode.py``. Grid (B, K): one CTA (one warpgroup) per sequence and kv head.
 The G query heads of the kv head, padded to the 64 rows a WGMMA needs, stay in shared memory; K/V
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels import _compat
 from pallas_kernels.paged_attention import _validate
 
 _ROWS = 64  # WGMMA M
@@ -39,7 +42,7 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, lengths_ref, o_ref, scoped, *, page
         if interpreted:
             return lax.broadcasted_iota(jnp.int32, shape, dim)
         return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-    (qo_smem, k_smem, v_smem), (q_bar, k_bars, v_bars) = scoped
+    (qo_smem, k_smem, v_smem, p_smem), (q_bar, k_bars, v_bars) = scoped
     b, h = lax.axis_index("b"), lax.axis_index("h")
     pages_per_block = _BLOCK_K // page_size
     length = lengths_ref[b]
@@ -69,12 +72,11 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, lengths_ref, o_ref, scoped, *, page
         plgpu.barrier_wait(k_bars.at[slot])
 
         def qk_scope(acc_ref):
-            plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+            plgpu.wgmma(acc_ref, qo_smem, _compat.transpose_ref(k_smem.at[slot], (1, 0)))
             return acc_ref[...]
-        # The interpreter cannot run these WGMMAs (transposed / register operands): there both
-        # products are plain dots on the same shared-memory tiles, so the CPU test checks the
-        # paging, TMA, barriers and softmax, not the WGMMA calls.
-        if interpreted:
+        if interpreted and not _compat.MOSAIC_INTERPRETS_TRANSPOSED_WGMMA:
+            # jax 0.10.2's interpreter has no rule for a transposed WGMMA operand: a plain dot on
+            # the same shared-memory tiles there (jax 0.12 interprets the WGMMA itself).
             s = lax.dot_general(qo_smem[...], k_smem[slot], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
         else:
@@ -89,14 +91,16 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, lengths_ref, o_ref, scoped, *, page
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         plgpu.barrier_wait(v_bars.at[slot])
 
+        # P goes through shared memory rather than as WGMMA's register operand: Mosaic GPU's CPU
+        # interpreter only takes shared-memory operands, and one route for both modes means the CPU
+        # test runs the compiled kernel's copies, barriers and both WGMMAs (an 8 KiB store per block).
+        p_smem[...] = p.astype(p_smem.dtype)
+        plgpu.commit_smem()
+
         def pv_scope(acc_ref):
-            plgpu.wgmma(acc_ref, p.astype(v_smem.dtype), v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
             return acc_ref[...]
-        if interpreted:  # the interpreter's WGMMA takes no register operand
-            pv = lax.dot_general(p.astype(v_smem.dtype), v_smem[slot], (((1,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
-        else:
-            pv = pl.run_scoped(pv_scope, plgpu.ACC((_ROWS, head_dim), jnp.float32))
+        pv = pl.run_scoped(pv_scope, plgpu.ACC((_ROWS, head_dim), jnp.float32))
         acc = acc + pv
         return acc, m_new, l_new
 
@@ -124,13 +128,14 @@ def _paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sc
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
         smem = (plgpu.SMEM((_ROWS, head_dim), q.dtype, transforms=transforms),
                 plgpu.SMEM((2, _BLOCK_K, head_dim), q.dtype, transforms=transforms),
-                plgpu.SMEM((2, _BLOCK_K, head_dim), q.dtype, transforms=transforms))
+                plgpu.SMEM((2, _BLOCK_K, head_dim), q.dtype, transforms=transforms),
+                plgpu.SMEM((_ROWS, _BLOCK_K), q.dtype, transforms=transforms))
         barriers = (plgpu.Barrier(num_barriers=1),
                     plgpu.Barrier(num_arrivals=ppb, num_barriers=2),
                     plgpu.Barrier(num_arrivals=ppb, num_barriers=2))
         pl.run_scoped(lambda *s: _kernel(q_ref, k_ref, v_ref, t_ref, l_ref, o_ref, s,
                                          page_size=page_size, sm_scale=sm_scale,
-                                         interpreted=interpret is not None),
+                                         interpreted=_compat.is_mosaic_interpret(interpret)),
                       smem, barriers)
 
     out = plgpu.kernel(
@@ -138,6 +143,9 @@ def _paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sc
         out_type=jax.ShapeDtypeStruct((num_seqs, kv_heads, _ROWS, head_dim), q.dtype),
         grid=(num_seqs, kv_heads),
         grid_names=("b", "h"),
+        # Lane semantics (explicit register layouts, as this kernel writes them): the default
+        # changed to Warpgroup in jax 0.12.
+        compiler_params=_compat.mosaic_params(lowering_semantics=plgpu.LoweringSemantics.Lane),
         interpret=interpret,
     )(q4, k_pages, v_pages, tables, lengths)
     return out[:, :, :group].reshape(num_seqs, num_heads, head_dim)
@@ -149,7 +157,8 @@ def paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
 
     Same contract as ``paged_attention`` minus soft_cap/sliding_window/tiling options, and only
     bf16/f16, head dims that are multiples of 64, page sizes dividing 64, G = H // K <= 64.
-    interpret: None compiles (GPU only); pass Mosaic GPU interpret params to run on CPU.
+    interpret: None compiles on GPU and runs Mosaic GPU's CPU interpreter elsewhere (slow: for
+    correctness only); or pass ``plgpu.InterpretGPUParams(...)`` / False explicitly.
     """
     _validate.check_decode(q, k_pages, v_pages, block_tables, lengths)
     page_size, head_dim = k_pages.shape[1], k_pages.shape[3]
@@ -160,5 +169,9 @@ def paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
         raise ValueError(f"unsupported by the Mosaic GPU kernel: head_dim={head_dim} (multiple of "
                          f"64), page_size={page_size} (8..64 dividing 64), group={group} (<= 64)")
     sm_scale = float(head_dim ** -0.5 if sm_scale is None else sm_scale)
+    if interpret is None and jax.default_backend() != "gpu":
+        interpret = _compat.mosaic_interpret_params()
+    elif interpret is False:
+        interpret = None
     return _paged_attention_mosaic(q, k_pages, v_pages, block_tables, lengths,
                                    sm_scale=sm_scale, interpret=interpret)

@@ -1,13 +1,16 @@
-"""Tiny random HF models saved to disk, loaded by jaxserve through the public LLM API."""
-import pytest
+"""Tiny random HF models saved to disk, loaded by jaxserve through the public LLM API.
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch and transformers (the peers extra) are imported by the fixture, not here: without them
+tests/engine still collects, and the tests that use ``hf_dirs`` (marked ``peers``) skip.
+"""
+import pytest
 
 VOCAB = 101
 
 
 def _hf_model(kind: str, seed: int):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

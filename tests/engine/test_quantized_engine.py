@@ -1,8 +1,15 @@
-"""LLM(..., quantization=fmt) serves the quantized params: same tokens as the dequantized model."""
+"""LLM(..., quantization=fmt) serves the quantized params, through the matmul ``quant_impl`` picks.
+
+nvfp4/mxfp4 with ``quant_impl="pallas"`` run the Pallas FP4 kernel (interpret mode on CPU) and must
+give the greedy tokens of ``quant_impl="reference"`` (dequantize, then a float32 dot), with
+log-probs within 1e-4 (both sum float32 products of the same dequantized weights, in a different
+order); the reference path in turn equals the engine serving the dequantized params.
+"""
 import jax
 import numpy as np
 import pytest
 
+import jaxserve.quant.matmul as quant_matmul
 from jaxserve import LLM, SamplingParams
 from jaxserve.models import get_preset, init_params
 from jaxserve.quant import dequantize_params, quantize_params
@@ -14,18 +21,41 @@ PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]]
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "fp8"])  # int4 needs K % 128 == 0: not this tiny model
-def test_quantized_engine_equals_dequantized_model(fmt):
-    quantized = LLM.from_params(CONFIG, PARAMS, quantization=fmt, **ENGINE)
-    reference = LLM.from_params(CONFIG, dequantize_params(quantize_params(PARAMS, fmt)), **ENGINE)
-    unquantized = LLM.from_params(CONFIG, PARAMS, **ENGINE)
-    got, expected, full = (llm.generate(PROMPTS, GREEDY, use_tqdm=False) for llm in (quantized, reference, unquantized))
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
-    lp = lambda outs: np.concatenate([o.outputs[0].logprobs for o in outs])  # noqa: E731
-    np.testing.assert_allclose(lp(got), lp(expected), atol=2e-5)
-    assert np.abs(lp(got) - lp(full)).max() > 1e-4  # the quantization really happened
+def _generate(llm):
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], np.concatenate([o.outputs[0].logprobs for o in outs])
 
 
-def test_unknown_quantization():
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.slow)])
+def test_pallas_fp4_matmul_engine_matches_reference(fmt, monkeypatch):
+    kernel_calls = []
+    fp4_matmul = quant_matmul.fp4_matmul
+    monkeypatch.setattr(quant_matmul, "fp4_matmul",
+                        lambda *a, **k: kernel_calls.append(k) or fp4_matmul(*a, **k))
+    tokens, logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="pallas",
+                                                 **ENGINE))
+    assert kernel_calls, "quant_impl='pallas' never traced the Pallas FP4 matmul"
+    calls = len(kernel_calls)
+    ref_tokens, ref_logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt,
+                                                         quant_impl="reference", **ENGINE))
+    assert len(kernel_calls) == calls  # the reference engine did not run the kernel
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])  # int4 needs K % 128 == 0: not this tiny model
+def test_reference_quantized_engine_equals_dequantized_model(fmt):
+    quantized = LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="reference", **ENGINE)
+    dequantized = LLM.from_params(CONFIG, dequantize_params(quantize_params(PARAMS, fmt)), **ENGINE)
+    (got, got_lp), (expected, expected_lp), (_, full_lp) = (
+        _generate(llm) for llm in (quantized, dequantized, LLM.from_params(CONFIG, PARAMS, **ENGINE)))
+    assert got == expected
+    np.testing.assert_allclose(got_lp, expected_lp, atol=2e-5)
+    assert np.abs(got_lp - full_lp).max() > 1e-4  # the quantization really happened
+
+
+def test_unknown_quantization_and_quant_impl():
     with pytest.raises(ValueError, match="quantization must be one of"):
         LLM.from_params(CONFIG, PARAMS, quantization="fp3", **ENGINE)
+    with pytest.raises(ValueError, match="quant_impl must be one of .* got 'triton'"):
+        LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", quant_impl="triton", **ENGINE)

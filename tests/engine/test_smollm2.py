@@ -16,7 +16,7 @@ from jaxserve.models.loading import model_path
 from jaxserve.models.transformer import init_params
 from tests.models.gguf_files import smollm2_path
 
-pytestmark = pytest.mark.xdist_group("smollm2")
+pytestmark = pytest.mark.xdist_group("smollm2-engine")
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 

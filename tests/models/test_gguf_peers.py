@@ -20,7 +20,7 @@ from jaxserve.models.loading import load_gguf_model  # noqa: E402
 from tests.models.gguf_files import smollm2_path  # noqa: E402
 
 # one worker loads the 135M model once for the whole module (pytest -n 2 --dist loadgroup)
-pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2")]
+pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2-peers")]
 REAL_TEXT = pathlib.Path(__file__).resolve().parents[1] / "data" / "real_text"
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Write a haiku about the sea.", "How many legs does a spider have? Explain briefly."]

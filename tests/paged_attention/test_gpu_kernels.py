@@ -1,13 +1,19 @@
 """Compiled (non-interpret) kernels.
 
-On any machine: the kernels lower through Pallas' Triton rules for CUDA (power-of-two tiles,
-supported ops), which is checkable without a GPU. On a GPU (``-m gpu``, run by
+On any machine: every Pallas kernel lowers for CUDA (an abstract H200 stands in for the GPU, see
+``pallas_kernels._compat.abstract_gpu``) through the backend its explicit compiler params choose:
+Triton for the portable paged decode, ragged and FP4 grid kernels; Mosaic GPU for mosaic.py's
+decode kernel (tests/paged_attention/test_mosaic_kernel.py). On a GPU (``-m gpu``, run by
 benchmarks/gpu_check.sh): key cases compiled for real against the reference.
 """
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from pallas_kernels import _compat
+from pallas_kernels.fp4 import matmul as fp4_matmul_module
+from pallas_kernels.fp4 import quantize
 from pallas_kernels.paged_attention import (
     paged_attention,
     paged_attention_reference,
@@ -22,6 +28,13 @@ LOWERING_CASES = [  # dtype, heads, kv_heads, head_dim, page_size
     (jnp.bfloat16, 8, 1, 256, 32),
     (jnp.float32, 8, 2, 128, 128),
 ]
+TRITON_CALL = "__gpu$xla.gpu.triton"  # the custom call a Triton-lowered pallas_call becomes
+
+
+def lower_for_cuda(fn, *args):
+    """StableHLO text of jit(fn) lowered for CUDA, without a GPU."""
+    with _compat.abstract_gpu():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("dtype,heads,kv_heads,head_dim,page_size", LOWERING_CASES,
@@ -33,17 +46,30 @@ def test_kernels_lower_for_cuda(dtype, heads, kv_heads, head_dim, page_size):
     tables, lens = spec((num_seqs, max_pages), jnp.int32), spec((num_seqs,), jnp.int32)
     opts = dict(sm_scale=0.1, soft_cap=30.0, sliding_window=40, interpret=False)
 
-    dec = jax.jit(lambda *a: decode._paged_attention(
-        *a, pages_per_compute_block=None, num_splits=None, **opts))
-    text = dec.trace(spec((num_seqs, heads, head_dim), dtype), pool, pool, tables, lens).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert "paged_attention_decode" in text
+    text = lower_for_cuda(lambda *a: decode._paged_attention(
+        *a, pages_per_compute_block=None, num_splits=None, **opts),
+        spec((num_seqs, heads, head_dim), dtype), pool, pool, tables, lens)
+    assert "paged_attention_decode" in text and TRITON_CALL in text
 
-    rag = jax.jit(lambda *a: ragged._ragged_paged_attention(
-        *a, tile_q=8, pages_per_compute_block=None, **opts))
-    text = rag.trace(spec((tokens, heads, head_dim), dtype), pool, pool, tables, lens,
-                     spec((num_seqs + 1,), jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
-    assert "paged_attention_ragged" in text
+    text = lower_for_cuda(lambda *a: ragged._ragged_paged_attention(
+        *a, tile_q=8, pages_per_compute_block=None, **opts),
+        spec((tokens, heads, head_dim), dtype), pool, pool, tables, lens,
+        spec((num_seqs + 1,), jnp.int32))
+    assert "paged_attention_ragged" in text and TRITON_CALL in text
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m,dtype,precision,w4a4", [
+    (1, jnp.bfloat16, "bfloat16", False), (48, jnp.float32, "float32", False),
+    (200, jnp.bfloat16, "bfloat16", True)])
+def test_fp4_matmul_lowers_for_cuda(fmt, m, dtype, precision, w4a4):
+    k, n = 512, 384
+    w = quantize(jnp.asarray(np.random.default_rng(0).normal(size=(k, n)), jnp.float32), fmt, axis=0)
+    blocks = fp4_matmul_module.pick_block_sizes(m, n, k)
+    text = lower_for_cuda(lambda x, w: fp4_matmul_module._fp4_matmul_call(
+        x, w, block_sizes=blocks, interpret=False, w4a4=w4a4, precision=precision, out_dtype=dtype),
+        jax.ShapeDtypeStruct((m, k), dtype), w)
+    assert f"fp4_matmul_{fmt}" in text and TRITON_CALL in text
 
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
