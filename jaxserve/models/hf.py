@@ -3,8 +3,9 @@
 Only local paths are read; nothing here touches the network. Supported ``model_type``s: llama (RoPE
 unscaled, ``linear`` or ``llama3``), mistral (with or without ``sliding_window``), qwen2, qwen3, gemma3_text
 (local/global sliding-window layers), and the MoE families mixtral, qwen2_moe and qwen3_moe (per-expert HF
-tensors are stacked into the ``[E, ...]`` expert weights). Every HF tensor is mapped by name onto the params pytree built
-from the config, so a missing tensor, an unexpected one or a shape mismatch is an error that names the tensor.
+tensors are stacked into the ``[E, ...]`` expert weights). Every HF tensor is mapped by name onto the params
+pytree built from the config, so a missing tensor, an unexpected one or a shape mismatch is an error that names
+the tensor.
 """
 from __future__ import annotations
 
