@@ -18,6 +18,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
+ROPE_TYPES = ("default", "linear", "llama3")  # see jaxserve/models/layers.py: rope_inv_freq
+LAYER_TYPES = ("full_attention", "sliding_attention")
+HIDDEN_ACTS = ("silu", "gelu_tanh")  # SwiGLU | GeGLU with tanh-approximated GELU (Gemma)
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -27,7 +30,7 @@ def _require(cond: bool, msg: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    model_type: str = "llama"  # llama | qwen2 | qwen3 (names follow HF's config.json)
+    model_type: str = "llama"  # llama | qwen2 | qwen3 | mistral | gemma3_text | ... (names follow HF's config.json)
     vocab_size: int = 4096
     hidden_size: int = 256
     intermediate_size: int = 704
@@ -66,8 +69,31 @@ class ModelConfig:
     first_k_dense: int = 0  # layers [0, first_k_dense) stay dense
     moe_layer_freq: int = 1  # layer i >= first_k_dense is MoE when (i + 1) % moe_layer_freq == 0
     moe_capacity_factor: float = 0.0  # 0: dropless grouped matmul; > 0: Switch-style capacity, drops
+    # RoPE scaling (HF's rope_type): default | linear (inverse frequencies / rope_factor) | llama3 (Llama 3.1:
+    # wavelengths past original/low_freq_factor divided by rope_factor, below original/high_freq_factor kept,
+    # smoothly interpolated between)
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    # Sliding-window attention (Mistral, Gemma 3): a token at position p sees the keys in (p - sliding_window, p]
+    sliding_window: int | None = None
+    # per layer, one of LAYER_TYPES; () with a sliding_window: every layer slides (Mistral)
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None  # sliding layers' own unscaled RoPE base (Gemma 3); None: as full layers
+    query_pre_attn_scalar: float | None = None  # attention scale query_pre_attn_scalar ** -0.5; None: head_dim
+    # Gemma-style blocks
+    hidden_act: str = "silu"  # the MLP's gate activation, one of HIDDEN_ACTS
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight), the product taken in float32
+    sandwich_norms: bool = False  # RMSNorm on the attention and MLP outputs too (post_attention_norm,
+    # pre_feedforward_norm, post_feedforward_norm; Gemma 2/3); without, post_attention_norm is the MLP's input norm
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), rounded to dtype first
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
     def __post_init__(self):
+        if not isinstance(self.layer_types, tuple):  # from JSON or OmegaConf: keep the config hashable
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
             _require(getattr(self, name) > 0, f"ModelConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -78,8 +104,45 @@ class ModelConfig:
         _require(self.matmul_dtype is None or self.matmul_dtype in DTYPES,
                  f"ModelConfig.matmul_dtype must be None or one of {DTYPES}, got {self.matmul_dtype!r}")
         _require(self.rope_theta > 0, f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        self._validate_rope_and_window()
+        _require(self.hidden_act in HIDDEN_ACTS,
+                 f"ModelConfig.hidden_act must be one of {HIDDEN_ACTS}, got {self.hidden_act!r}")
+        _require(self.final_logit_softcap is None or self.final_logit_softcap > 0,
+                 f"ModelConfig.final_logit_softcap must be None or > 0, got {self.final_logit_softcap}")
+        _require(self.query_pre_attn_scalar is None or self.query_pre_attn_scalar > 0,
+                 f"ModelConfig.query_pre_attn_scalar must be None or > 0, got {self.query_pre_attn_scalar}")
         if self.num_experts:
+            _require(self.hidden_act == "silu",
+                     f"ModelConfig: MoE experts are SwiGLU, got hidden_act={self.hidden_act!r}")
             self._validate_moe()
+
+    def _validate_rope_and_window(self):
+        _require(self.rope_type in ROPE_TYPES,
+                 f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        _require(self.rope_factor > 0, f"ModelConfig.rope_factor must be > 0, got {self.rope_factor}")
+        if self.rope_type == "llama3":
+            _require(0 < self.rope_low_freq_factor < self.rope_high_freq_factor,
+                     f"ModelConfig: llama3 RoPE needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
+                     f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}")
+            _require(self.rope_original_max_position > 0,
+                     f"ModelConfig.rope_original_max_position must be > 0, got {self.rope_original_max_position}")
+        _require(self.rope_local_theta is None or self.rope_local_theta > 0,
+                 f"ModelConfig.rope_local_theta must be None or > 0, got {self.rope_local_theta}")
+        _require(self.sliding_window is None or self.sliding_window >= 1,
+                 f"ModelConfig.sliding_window must be None or >= 1, got {self.sliding_window}")
+        if self.layer_types:
+            _require(len(self.layer_types) == self.num_layers,
+                     f"ModelConfig.layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}")
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            _require(not bad, f"ModelConfig.layer_types entries must be in {LAYER_TYPES}, got {bad[:1]}")
+            _require(self.sliding_window is not None or "sliding_attention" not in self.layer_types,
+                     "ModelConfig.layer_types has sliding_attention layers but sliding_window is None")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (0-based), None where it attends to everything."""
+        if self.sliding_window is None or (self.layer_types and self.layer_types[layer] != "sliding_attention"):
+            return None
+        return self.sliding_window
 
     def _validate_moe(self):
         e, k = self.num_experts, self.num_experts_per_tok

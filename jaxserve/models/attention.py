@@ -51,54 +51,72 @@ def k_tokens_minor(impl: str) -> bool:
 
 
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-                    meta: AttentionMetadata, impl: str = "auto") -> jax.Array:
+                    meta: AttentionMetadata, impl: str = "auto", *, sliding_window: int | None = None,
+                    sm_scale: float | None = None) -> jax.Array:
     """q [T, H, D] against the pool through the block tables -> [T, H, D].
 
-    ``k_pages`` is in the layout ``k_tokens_minor(impl)`` says (the pool was built for ``impl``)."""
+    ``k_pages`` is in the layout ``k_tokens_minor(impl)`` says (the pool was built for ``impl``).
+    sliding_window: a token at position p sees keys in (p - sliding_window, p] only (None: all up to
+    p). sm_scale: the score scale (None: head_dim ** -0.5)."""
     impl = resolve_impl(impl)
+    kw = dict(sliding_window=sliding_window, sm_scale=sm_scale)
     if meta.decode_only:
         # "mosaic": the Mosaic GPU (Hopper) decode kernel; Mosaic GPU's CPU interpreter elsewhere
         fn = {"reference": pa.paged_attention_reference, "xla": pa.paged_attention_online,
               "pallas": pa.paged_attention, "mosaic": pa.paged_attention_mosaic}[impl]
-        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
+        if impl == "mosaic":
+            if sliding_window is not None or sm_scale is not None:
+                raise ValueError("attention_impl='mosaic' has no sliding window or custom sm_scale yet; "
+                                 f"got sliding_window={sliding_window}, sm_scale={sm_scale}")
+            return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
+        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, **kw)
     if impl not in ("pallas", "mosaic") and meta.uniform_q_len is not None:
         fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
-        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len)
+        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len, **kw)
     if impl == "xla":
         return pa.ragged_paged_attention_online(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
-                                                meta.cu_q_lens, max_chunks=meta.max_chunks)
+                                                meta.cu_q_lens, max_chunks=meta.max_chunks, **kw)
     # "mosaic" has no multi-query kernel yet: prefill and mixed steps run the portable Pallas one
     fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention,
           "mosaic": pa.ragged_paged_attention}[impl]
-    return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens)
+    return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens, **kw)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-           meta: AttentionMetadata, impl: str = "auto") -> jax.Array:
+           meta: AttentionMetadata, impl: str = "auto", *, sliding_window: int | None = None,
+           sm_scale: float | None = None) -> jax.Array:
     """This step's queries q [T, H, D] against everything they may see -> [T, H, D].
 
     k, v [T, K, D] are this step's new keys and values, already written into the pages. A fresh
     uniform batch (``meta.fresh``: whole prompts, nothing cached) attends to them directly with
     ``causal_attention``: no gather through the block table, and a Lp-wide score matrix instead of
     the table's M*S (a 64-token prompt in a 9-page table: 64 keys instead of 144). Everything else
-    reads the pool (``paged_attention``).
+    reads the pool (``paged_attention``). ``sliding_window``, ``sm_scale``: as in ``paged_attention``.
     """
+    kw = dict(sliding_window=sliding_window, sm_scale=sm_scale)
     if meta.fresh:
         if meta.uniform_q_len is None:
             raise ValueError("AttentionMetadata.fresh needs uniform_q_len (rows grouped by sequence)")
         rows = lambda x: x.reshape(-1, meta.uniform_q_len, *x.shape[1:])  # noqa: E731
-        return causal_attention(rows(q), rows(k), rows(v)).reshape(q.shape)
-    return paged_attention(q, k_pages, v_pages, meta, impl)
+        return causal_attention(rows(q), rows(k), rows(v), **kw).reshape(q.shape)
+    return paged_attention(q, k_pages, v_pages, meta, impl, **kw)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Full-sequence causal attention with no cache: q [B, L, H, D], k/v [B, L, K, D]."""
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sliding_window: int | None = None,
+                     sm_scale: float | None = None) -> jax.Array:
+    """Full-sequence causal attention with no cache: q [B, L, H, D], k/v [B, L, K, D].
+
+    Row i sees keys j <= i, and with ``sliding_window`` only j > i - sliding_window."""
     b, length, h, d = q.shape
     kv_heads = k.shape[2]
     qg = q.reshape(b, length, kv_heads, h // kv_heads, d).astype(jnp.float32)
-    s = jnp.einsum("blkgd,bmkd->bkglm", qg, k.astype(jnp.float32)) * d ** -0.5
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    s = jnp.where(causal, s, -1e30)
+    scale = d ** -0.5 if sm_scale is None else sm_scale
+    s = jnp.einsum("blkgd,bmkd->bkglm", qg, k.astype(jnp.float32)) * scale
+    pos = jnp.arange(length)
+    visible = pos[None, :] <= pos[:, None]
+    if sliding_window is not None:
+        visible &= pos[None, :] > pos[:, None] - sliding_window
+    s = jnp.where(visible, s, -1e30)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkglm,bmkd->blkgd", p, v.astype(jnp.float32))
     return o.reshape(b, length, h, d).astype(q.dtype)

@@ -28,6 +28,16 @@ def hf_config(config: ModelConfig) -> dict:
            "max_position_embeddings": config.max_position_embeddings,
            "tie_word_embeddings": config.tie_word_embeddings, "hidden_act": "silu",
            "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "torch_dtype": "float32"}
+    unexportable = {k: getattr(config, k) for k in ("sliding_window", "rope_local_theta", "query_pre_attn_scalar",
+                                                   "final_logit_softcap") if getattr(config, k) is not None}
+    if unexportable or config.sandwich_norms or config.scale_embeddings or config.norm_unit_offset:
+        raise ValueError(f"cannot export {config.model_type} with {unexportable or 'Gemma-style norms/embeddings'}")
+    if config.rope_type != "default":
+        out["rope_scaling"] = {"rope_type": config.rope_type, "factor": config.rope_factor}
+        if config.rope_type == "llama3":
+            out["rope_scaling"].update(low_freq_factor=config.rope_low_freq_factor,
+                                       high_freq_factor=config.rope_high_freq_factor,
+                                       original_max_position_embeddings=config.rope_original_max_position)
     if config.model_type != "qwen2":
         if config.qkv_bias != config.o_bias:
             raise ValueError(f"{config.model_type} cannot express qkv_bias={config.qkv_bias} with o_bias={config.o_bias}")

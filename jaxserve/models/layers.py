@@ -1,4 +1,4 @@
-"""Building blocks shared by the model family: dense layers, RMSNorm, rotary embeddings, SwiGLU MLP."""
+"""Building blocks shared by the model family: dense layers, RMSNorm, rotary embeddings, the gated MLP."""
 from __future__ import annotations
 
 import flax.linen as nn
@@ -67,20 +67,52 @@ class _Dense(nn.Dense):
 class RMSNorm(nn.Module):
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
+    unit_offset: bool = False  # Gemma: scale by (1 + weight), weights initialised to 0
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
-        # Normalise in float32 and cast back before scaling, as HF Llama/Qwen do.
+        init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
+        scale = self.param("scale", init, (x.shape[-1],), self.dtype)
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.unit_offset:  # Gemma scales in float32, then casts (HF transformers PR 29402)
+            return (xf * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+        # Normalise in float32 and cast back before scaling, as HF Llama/Qwen do.
         return scale * xf.astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding in HF's rotate-half layout: x [..., H, D], positions i32[...]."""
+def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_position: int = 8192) -> jax.Array:
+    """RoPE inverse frequencies f32[D/2], as HF's ``ROPE_INIT_FUNCTIONS[rope_type]`` computes them.
+
+    linear: all divided by ``factor``. llama3 (Llama 3.1): wavelengths longer than
+    ``original_max_position / low_freq_factor`` divided by ``factor``, shorter than
+    ``original_max_position / high_freq_factor`` kept, those between interpolated smoothly.
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / factor
+    if rope_type != "llama3":
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    wavelen = 2 * jnp.pi / inv_freq
+    low_wavelen, high_wavelen = original_max_position / low_freq_factor, original_max_position / high_freq_factor
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq: jax.Array | None = None) -> jax.Array:
+    """Rotary embedding in HF's rotate-half layout: x [..., H, D], positions i32[...].
+
+    ``inv_freq`` f32[D/2] (``rope_inv_freq``) replaces the unscaled frequencies of base ``theta``."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(d, theta)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., D/2]
     cos = jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
     sin = jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
@@ -89,14 +121,20 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
+_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
+
+
 class SwiGLU(nn.Module):
+    """The gated MLP: down(act(gate(x)) * up(x)); ``activation`` "silu" (SwiGLU) or "gelu_tanh" (GeGLU)."""
     hidden_size: int
     intermediate_size: int
     dtype: jnp.dtype = jnp.float32
     matmul_dtype: jnp.dtype | None = None
+    activation: str = "silu"
 
     @nn.compact
     def __call__(self, x):
         proj = lambda n, name: dense(n, self.dtype, name, matmul_dtype=self.matmul_dtype)  # noqa: E731
-        h = nn.silu(proj(self.intermediate_size, "gate_proj")(x)) * proj(self.intermediate_size, "up_proj")(x)
+        act = _ACTIVATIONS[self.activation]
+        h = act(proj(self.intermediate_size, "gate_proj")(x)) * proj(self.intermediate_size, "up_proj")(x)
         return proj(self.hidden_size, "down_proj")(h)

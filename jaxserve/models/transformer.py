@@ -1,4 +1,5 @@
-"""The decoder-only transformer family (Llama, Qwen2, Qwen3 and their MoE variants) as pure functions.
+"""The decoder-only transformer family (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text and the MoE variants)
+as pure functions.
 
 Axis names: B batch, L sequence length, T packed tokens, V vocabulary, E hidden size.
 
@@ -7,6 +8,9 @@ Two entry points share one module tree and one params pytree:
   serving step over a packed batch, K/V written into and read from the paged pool;
 - ``forward_full(params, config, tokens[B, L]) -> logits[B, L, V]``: plain causal forward with no
   cache, used by training and as the oracle in tests.
+
+Per-layer attention follows the config: sliding-window layers (``ModelConfig.layer_window``) with their
+own RoPE base (``rope_local_theta``), scaled RoPE (``rope_type``), Gemma's norms and embedding scale.
 
 MoE configs (``num_experts > 0``) swap the MLP of their MoE layers for ``jaxserve.moe.MoEBlock``;
 both entry points then take an optional ``router_state`` (the loss-free balancing biases, see
@@ -17,11 +21,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxserve.cache.kv_pool import KVPool, write_kv
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, attend, causal_attention, k_tokens_minor
-from jaxserve.models.layers import RMSNorm, SwiGLU, dense, rope
+from jaxserve.models.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
 
 _INIT = nn.initializers.normal(0.02)
 
@@ -31,26 +36,43 @@ def _dense(config: ModelConfig, features: int, bias: bool, name: str) -> nn.Dens
                  kernel_init=_INIT)
 
 
+def _norm(config: ModelConfig, name: str) -> RMSNorm:
+    return RMSNorm(config.rms_norm_eps, jnp.dtype(config.dtype), config.norm_unit_offset, name=name)
+
+
+def layer_inv_freq(config: ModelConfig, layer: int) -> jax.Array:
+    """RoPE inverse frequencies f32[head_dim/2] of decoder layer ``layer``: a sliding layer with its own
+    ``rope_local_theta`` (Gemma 3) is unscaled; every other layer uses ``rope_theta`` and ``rope_type``."""
+    c = config
+    if c.rope_local_theta is not None and c.layer_window(layer) is not None:
+        return rope_inv_freq(c.head_dim, c.rope_local_theta)
+    return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_type, c.rope_factor, c.rope_low_freq_factor,
+                         c.rope_high_freq_factor, c.rope_original_max_position)
+
+
 class Attention(nn.Module):
     config: ModelConfig
     attention_impl: str
+    layer_idx: int = 0
 
     @nn.compact
     def __call__(self, x, positions, kv=None, meta: AttentionMetadata | None = None):
-        c, dt = self.config, jnp.dtype(self.config.dtype)
+        c = self.config
         lead = x.shape[:-1]
         q = _dense(c, c.num_heads * c.head_dim, c.qkv_bias, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
         k = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "k_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
         v = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
-            q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
-            k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
-        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+            q, k = _norm(c, "q_norm")(q), _norm(c, "k_norm")(k)
+        inv_freq = layer_inv_freq(c, self.layer_idx)
+        q, k = rope(q, positions, c.rope_theta, inv_freq), rope(k, positions, c.rope_theta, inv_freq)
+        opts = dict(sliding_window=c.layer_window(self.layer_idx),
+                    sm_scale=None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5)
         if kv is None:
-            o = causal_attention(q, k, v)
+            o = causal_attention(q, k, v, **opts)
         else:
             kv = write_kv(*kv, k, v, meta.slot_mapping, k_tokens_minor=k_tokens_minor(self.attention_impl))
-            o = attend(q, k, v, *kv, meta, self.attention_impl)
+            o = attend(q, k, v, *kv, meta, self.attention_impl, **opts)
         out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv
 
@@ -63,17 +85,20 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, kv=None, meta=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        h, kv = Attention(c, self.attention_impl, name="attn")(
-            RMSNorm(c.rms_norm_eps, dt, name="input_norm")(x), positions, kv, meta)
+        h, kv = Attention(c, self.attention_impl, self.layer_idx, name="attn")(
+            _norm(c, "input_norm")(x), positions, kv, meta)
+        if c.sandwich_norms:  # Gemma 2/3: the attention and MLP outputs are normed before the residual adds
+            x = x + _norm(c, "post_attention_norm")(h)
+            return x + _norm(c, "post_feedforward_norm")(self._mlp(c, dt)(_norm(c, "pre_feedforward_norm")(x))), kv
         x = x + h
-        x = x + self._mlp(c, dt)(RMSNorm(c.rms_norm_eps, dt, name="post_attention_norm")(x))
+        x = x + self._mlp(c, dt)(_norm(c, "post_attention_norm")(x))
         return x, kv
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
             from jaxserve.moe.layer import MoEBlock  # here: jaxserve.moe imports models.layers
             return lambda h: MoEBlock(c, name="mlp")(h)[0]
-        return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, name="mlp")
+        return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, c.hidden_act, name="mlp")
 
 
 class Transformer(nn.Module):
@@ -85,16 +110,21 @@ class Transformer(nn.Module):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, embedding_init=_INIT, name="embed")
         x = embed(tokens)
+        if c.scale_embeddings:  # Gemma: the scale rounded to the embedding dtype, as HF does
+            x = x * jnp.asarray(np.float32(c.hidden_size ** 0.5), dt)
         new_pool = []
         for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
             x, kv = DecoderLayer(c, self.attention_impl, i, name=f"layers_{i}")(
                 x, positions, None if kv_pool is None else kv_pool[i], meta)
             new_pool.append(kv)
-        x = RMSNorm(c.rms_norm_eps, dt, name="final_norm")(x)
+        x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
         logits = embed.attend(x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
-        return logits.astype(jnp.float32), (None if kv_pool is None else new_pool)
+        logits = logits.astype(jnp.float32)
+        if c.final_logit_softcap is not None:
+            logits = c.final_logit_softcap * jnp.tanh(logits / c.final_logit_softcap)
+        return logits, (None if kv_pool is None else new_pool)
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> dict:

@@ -58,9 +58,14 @@ def init_carry(rows: int, head_dim: int):
             jnp.zeros((rows, head_dim), jnp.float32))
 
 
-def online_softmax_step(carry, q, k, v, mask, *, sm_scale, soft_cap):
-    """One flash step: q [R, D], k/v [L, D], mask bool[R, L] -> updated (m, l, acc)."""
+def online_softmax_step(carry, q, k, v, mask, live, *, sm_scale, soft_cap):
+    """One flash step: q [R, D], k/v [L, D], mask bool[R, L] -> updated (m, l, acc).
+
+    ``live`` bool[L, 1] marks the keys that hold written K/V (any key a row may see is live). Scores
+    and values of the others are selected away, never multiplied by a zero probability: a page past
+    a sequence's end may hold anything, NaN included (0 * NaN = NaN)."""
     m_prev, l_prev, acc_prev = carry
+    v = jnp.where(live, v, jnp.zeros_like(v))
     s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_precision(q.dtype),
                         preferred_element_type=jnp.float32) * sm_scale
     if soft_cap is not None:

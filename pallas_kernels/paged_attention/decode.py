@@ -47,7 +47,8 @@ def _decode_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
         v = common.load_pages(v_ref, pages, head_dim)
         key_pos = split_start + i * block_k + lax.broadcasted_iota(jnp.int32, (rows, block_k), 1)
         mask = (key_pos < length) & (key_pos >= lo)
-        return common.online_softmax_step(carry, q, k, v, mask, sm_scale=sm_scale, soft_cap=soft_cap)
+        live = split_start + i * block_k + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0) < length
+        return common.online_softmax_step(carry, q, k, v, mask, live, sm_scale=sm_scale, soft_cap=soft_cap)
 
     carry = lax.fori_loop(first, jnp.maximum(first, last), body,
                           common.init_carry(rows, head_dim))

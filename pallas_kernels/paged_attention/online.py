@@ -91,6 +91,7 @@ def uniform_paged_attention_online(q, kt_pages, v_pages, block_tables, context_l
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < context_lens[:, None, None])
         if sliding_window is not None:
             mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
+        v = _live_values(v, key_pos[None, :] < context_lens[:, None])
         return _online_update(carry, s, mask[:, None, None], v, "bkgql,blkd->bkgqd")  # mask [B, 1, 1, Q, L]
 
     init = (jnp.full((b, kv_heads, g, q_len), _NEG_INF, jnp.float32), jnp.zeros((b, kv_heads, g, q_len), jnp.float32),
@@ -137,11 +138,12 @@ def paged_attention_online(q, kt_pages, v_pages, block_tables, lengths, *, sm_sc
         mask = key_pos[None] <= query_pos[:, None, None]
         if sliding_window is not None:
             mask &= key_pos[None] > query_pos[:, None, None] - sliding_window
+        v = _live_values(v, key_pos[None] <= query_pos[:, None, None])  # [B, C, S] live keys
         mask = mask[:, :, None, None, :]  # [B, C, 1, 1, S]
         s = jnp.where(mask, s, _NEG_INF)
         new_max = jnp.maximum(run_max, jnp.max(s, axis=(1, 4)))
         scale = jnp.exp(run_max - new_max)
-        p = jnp.exp(s - new_max[:, None, :, :, None]) * mask
+        p = jnp.where(mask, jnp.exp(s - new_max[:, None, :, :, None]), 0.0)
         run_sum = run_sum * scale + jnp.sum(p, axis=(1, 4))
         pv = sum(p[:, c, :, :, j, None] * v[:, c, j, :, None, :] for c in range(chunk) for j in range(s_page))
         return new_max, run_sum, acc * scale[..., None] + pv
@@ -219,6 +221,7 @@ def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, val
     tables = jnp.pad(tables, ((0, 0), (0, (-m) % chunk)))
     qg = q_tiles.reshape(num_tiles, tile, kv_heads, g, d).astype(jnp.float32) * sm_scale
     num_steps = (jnp.max(jnp.where(in_tiles, query_pos, -1)) + width) // width  # keys up to the last query
+    last_pos = jnp.max(pos_tiles, axis=1)  # [NT]: keys up to each tile's last query are live
 
     def step(i, carry):  # carry: running max, sum [NT, K, G, tile] and accumulator [NT, K, G, tile, D]
         pages = jax.lax.dynamic_slice_in_dim(tables, i * chunk, chunk, axis=1)
@@ -231,6 +234,7 @@ def _tiled(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, seq, val
         mask = key_pos[None, None, :] <= pos_tiles[:, :, None]  # [NT, tile, W]; empty rows see nothing
         if sliding_window is not None:
             mask &= key_pos[None, None, :] > pos_tiles[:, :, None] - sliding_window
+        v = _live_values(v, key_pos[None, :] <= last_pos[:, None])
         return _online_update(carry, s, mask[:, None, None], v, "tkgqw,twkd->tkgqd")
 
     init = (jnp.full((num_tiles, kv_heads, g, tile), _NEG_INF, jnp.float32),
@@ -263,9 +267,8 @@ def _attend_whole_table(qg, kt_pages, v_pages, block_tables, query_pos, context_
         mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
     mask = mask[:, None, None]  # [B, 1, 1, Q, W]
     s = jnp.where(mask, s, _NEG_INF)
-    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * mask
-    v = v_pages[block_tables].reshape(b, width, kv_heads, d).astype(jnp.float32)
-    v = jnp.where(live[:, :, None, None], v, 0.0)
+    p = jnp.where(mask, jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)), 0.0)
+    v = _live_values(v_pages[block_tables].reshape(b, width, kv_heads, d).astype(jnp.float32), live)
     o = jnp.einsum("bkgqw,bwkd->bkgqd", p, v)
     return o / jnp.maximum(jnp.sum(p, axis=-1), 1e-30)[..., None]
 
@@ -277,7 +280,15 @@ def _online_update(carry, s, mask, v, pv_einsum):
     s = jnp.where(mask, s, _NEG_INF)
     new_max = jnp.maximum(run_max, jnp.max(s, axis=-1))
     scale = jnp.exp(run_max - new_max)
-    p = jnp.exp(s - new_max[..., None]) * mask
+    p = jnp.where(mask, jnp.exp(s - new_max[..., None]), 0.0)
     run_sum = run_sum * scale + jnp.sum(p, axis=-1)
     acc = acc * scale[..., None] + jnp.einsum(pv_einsum, p, v)
     return new_max, run_sum, acc
+
+
+def _live_values(v, live):
+    """V rows ``v [*live.shape, K, D]`` with those of unwritten keys (``live`` False) set to exactly zero.
+
+    A masked key's probability is 0, but 0 * NaN = NaN: what a page holds past a sequence's end (a
+    freed block's stale values, a padded table entry's page) must be selected away, not multiplied."""
+    return jnp.where(live[..., None, None], v, 0.0)

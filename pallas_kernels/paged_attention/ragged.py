@@ -49,7 +49,8 @@ def _ragged_kernel(seq_ref, start_ref, pos_ref, nq_ref, ctx_ref, tables_ref, q_r
         mask = (key_pos <= q_pos) & (key_pos < ctx)
         if sliding_window is not None:
             mask &= key_pos > q_pos - sliding_window
-        return common.online_softmax_step(carry, q, k, v, mask, sm_scale=sm_scale, soft_cap=soft_cap)
+        live = i * block_k + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0) < hi
+        return common.online_softmax_step(carry, q, k, v, mask, live, sm_scale=sm_scale, soft_cap=soft_cap)
 
     carry = lax.fori_loop(first, jnp.maximum(first, last), body, common.init_carry(rows, head_dim))
     out, _ = common.finish(carry)

@@ -21,7 +21,10 @@ def _gather_pages(pages, block_tables):
 
 
 def _attend(q, k, v, mask, sm_scale, soft_cap):
-    """q [N, H, D], k/v [N, L, K, D], mask bool[N, L] -> [N, H, D] (float32 softmax)."""
+    """q [N, H, D], k/v [N, L, K, D], mask bool[N, L] -> [N, H, D] (float32 softmax).
+
+    Masked keys contribute exactly zero whatever the pages hold (NaN included): their scores and
+    values are selected away, not multiplied by a zero probability."""
     n, h, d = q.shape
     kv_heads = k.shape[2]
     qg = q.reshape(n, kv_heads, h // kv_heads, d).astype(jnp.float32)
@@ -30,9 +33,10 @@ def _attend(q, k, v, mask, sm_scale, soft_cap):
         s = soft_cap * jnp.tanh(s / soft_cap)
     s = jnp.where(mask[:, None, None, :], s, _NEG_INF)
     m = jnp.max(s, axis=-1, keepdims=True)
-    p = jnp.exp(s - m) * mask[:, None, None, :]
+    p = jnp.where(mask[:, None, None, :], jnp.exp(s - m), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
-    o = jnp.einsum("nkgl,nlkd->nkgd", p, v.astype(jnp.float32)) / jnp.maximum(denom, 1e-30)
+    v = jnp.where(mask[:, :, None, None], v.astype(jnp.float32), 0.0)
+    o = jnp.einsum("nkgl,nlkd->nkgd", p, v) / jnp.maximum(denom, 1e-30)
     return o.reshape(n, h, d).astype(q.dtype)
 
 
@@ -84,8 +88,10 @@ def uniform_paged_attention_reference(q, k_pages, v_pages, block_tables, context
     mask = _window_mask(key_pos[None, None, :], query_pos[:, :, None], context_lens[:, None, None], sliding_window)
     mask = mask[:, None, None]  # [B, 1, 1, Q, L]
     s = jnp.where(mask, s, _NEG_INF)
-    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * mask
-    o = jnp.einsum("bkgql,blkd->bqkgd", p, v.astype(jnp.float32))
+    p = jnp.where(mask, jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)), 0.0)
+    live = key_pos[None, :] < context_lens[:, None]  # [B, L]: past it pages may hold anything (NaN)
+    v = jnp.where(live[:, :, None, None], v.astype(jnp.float32), 0.0)
+    o = jnp.einsum("bkgql,blkd->bqkgd", p, v)
     o = o / jnp.maximum(jnp.sum(p, axis=-1), 1e-30).transpose(0, 3, 1, 2)[..., None]
     return o.reshape(b * q_len, h, d).astype(q.dtype)
 
