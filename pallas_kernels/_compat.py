@@ -65,3 +65,11 @@ def abstract_gpu(device_kind: str = DEFAULT_GPU, num_cores: int = DEFAULT_GPU_CO
     device = AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="cuda")
     with use_abstract_mesh(AbstractMesh((1,), ("_gpu",), abstract_device=device)):
         yield
+
+
+def mosaic_load(ref, layout):
+    """A Mosaic GPU shared-memory ref loaded into registers in ``layout`` (0.10.2 takes an index tuple)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if JAX_VERSION < (0, 11):
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)

@@ -90,6 +90,17 @@ def _kernel(q_ref, k_ref, v_ref, tables_ref, lengths_ref, o_ref, scoped, *, page
         l_new = l_i * alpha + p.sum(axis=1)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
         plgpu.barrier_wait(v_bars.at[slot])
+        # Rows past the sequence's end (stale slots of its last page, or a padded table entry's page)
+        # may hold anything, NaN included, and 0 x NaN = NaN in the WGMMA: zero them in shared memory.
+        valid = length - i * _BLOCK_K
+
+        @pl.when(valid < _BLOCK_K)
+        def _():
+            v_tile = v_smem.at[slot]
+            v = v_tile[...] if interpreted else _compat.mosaic_load(v_tile, plgpu.Layout.WGMMA)
+            rows = iota((_BLOCK_K, head_dim), 0)
+            v_tile[...] = jnp.where(rows < valid, v, jnp.zeros_like(v))
+            plgpu.commit_smem()
 
         # P goes through shared memory rather than as WGMMA's register operand: Mosaic GPU's CPU
         # interpreter only takes shared-memory operands, and one route for both modes means the CPU

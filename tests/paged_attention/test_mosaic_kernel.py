@@ -6,8 +6,11 @@ P tile and WGMMAs as compiled (on jax 0.10.2 the QK^T WGMMA is a plain dot there
 On a GPU (-m gpu): compiled for real. gpu_check.sh runs this file in its own step, so a crash
 here cannot take the other results with it.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels import _compat
@@ -55,3 +58,21 @@ def test_compiled_matches_reference(decode_case, heads, kv_heads, head_dim, page
     with jax.default_matmul_precision("highest"):
         ref = paged_attention_reference(*args)
     assert float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))) <= 2e-2
+
+
+def test_interpreted_output_cannot_be_poisoned(decode_case):
+    """Every pool slot outside the live tokens NaN (stale tails of last pages, whole unused pages, the pages
+    padded table entries point at): the output is finite and equal to the clean pool's."""
+    q, k, v, tables, lengths = decode_case([1, 77, 0], heads=8, kv_heads=2, head_dim=64, page_size=16,
+                                           dtype=jnp.bfloat16)
+    live = np.zeros(k.shape[:2], bool)
+    for b, n in enumerate(np.asarray(lengths)):
+        for pos in range(int(n)):
+            live[int(tables[b, pos // 16]), pos % 16] = True
+    run = functools.partial(mosaic.paged_attention_mosaic, interpret=_compat.mosaic_interpret_params())
+    clean = np.asarray(run(q, k, v, tables, lengths).astype(jnp.float32))
+    nan = jnp.asarray(np.nan, k.dtype)
+    poisoned = np.asarray(run(q, jnp.where(live[:, :, None, None], k, nan), jnp.where(live[:, :, None, None], v, nan),
+                              tables, lengths).astype(jnp.float32))
+    assert np.isfinite(clean).all() and np.isfinite(poisoned).all()
+    np.testing.assert_array_equal(poisoned, clean)
