@@ -35,6 +35,7 @@ def test_missing_package_names_the_install_command(monkeypatch, capsys):
         in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~3 min of 30-layer compiles; CI covers SmolLM2 in float32 (test_gguf_peers) and bf16 on tiny models
 def test_bfloat16_smollm2_answers_and_streams_the_same_reply():
     llm = LLM("smollm2-135m-instruct", dtype="bfloat16", max_num_seqs=2)
     assert llm.engine.config.dtype == "bfloat16"
@@ -56,8 +57,13 @@ def tiny_chat_gguf(tmp_path_factory):
     return save_gguf(tmp_path_factory.mktemp("gguf") / "tiny-chat.gguf", config, params, tokenizer=tokenizer)
 
 
-def test_generate_chat_cli_prints_the_reply_of_llm_chat(tiny_chat_gguf, capsys):
-    llm = LLM(str(tiny_chat_gguf))
+@pytest.fixture(scope="module")
+def tiny_chat_llm(tiny_chat_gguf):
+    return LLM(str(tiny_chat_gguf))
+
+
+def test_generate_chat_cli_prints_the_reply_of_llm_chat(tiny_chat_gguf, tiny_chat_llm, capsys):
+    llm = tiny_chat_llm
     expected = llm.chat(FRANCE, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)[0]
     assert expected.prompt.startswith("<|im_start|>system\n") and expected.prompt.endswith("<|im_start|>assistant\n")
     argv = ["generate", "--model", str(tiny_chat_gguf), "--chat", "--prompt", FRANCE[0]["content"], "--max-tokens", "8"]
@@ -65,8 +71,8 @@ def test_generate_chat_cli_prints_the_reply_of_llm_chat(tiny_chat_gguf, capsys):
     assert capsys.readouterr().out == expected.outputs[0].text + "\n"
 
 
-def test_chat_cli_streams_each_turn_with_history(tiny_chat_gguf, capsys, monkeypatch):
-    llm = LLM(str(tiny_chat_gguf))
+def test_chat_cli_streams_each_turn_with_history(tiny_chat_gguf, tiny_chat_llm, capsys, monkeypatch):
+    llm = tiny_chat_llm
     params = SamplingParams(max_tokens=6, temperature=0)
     first = llm.chat(FRANCE, params, use_tqdm=False)[0].outputs[0].text
     history = FRANCE + [{"role": "assistant", "content": first}, {"role": "user", "content": "And Spain?"}]

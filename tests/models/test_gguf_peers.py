@@ -22,8 +22,7 @@ from tests.models.gguf_files import smollm2_path  # noqa: E402
 # one worker loads the 135M model once for the whole module (pytest -n 2 --dist loadgroup)
 pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2-peers")]
 REAL_TEXT = pathlib.Path(__file__).resolve().parents[1] / "data" / "real_text"
-QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
-             "Write a haiku about the sea.", "How many legs does a spider have? Explain briefly."]
+QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea."]
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +85,12 @@ def test_greedy_chat_matches_transformers(smollm2):
     config, params, tok, hf, _ = smollm2
     llm = LLM.from_params(config, params, tok, max_num_seqs=4)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
-                    SamplingParams(max_tokens=40, temperature=0), use_tqdm=False)
+                    SamplingParams(max_tokens=32, temperature=0), use_tqdm=False)
     assert outs[0].outputs[0].text == "The capital of France is Paris."
     for q, out in zip(QUESTIONS, outs):
         prompt = _chat_ids(tok, q)
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=2,
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=2,
                               pad_token_id=2)[0, len(prompt):].tolist()
         got = out.outputs[0].token_ids
         n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)

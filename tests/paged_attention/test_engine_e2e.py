@@ -54,6 +54,7 @@ def test_chunked_prefill_and_decode_pallas_matches_reference():
     np.testing.assert_allclose(logprobs, ref_logprobs, atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow  # ~1 min of Mosaic's interpreter in an engine; test_mosaic_kernel.py checks the kernel itself
 def test_mosaic_decode_in_engine_matches_reference():
     # The Mosaic GPU kernel needs bf16, a head dim of 64 and pages of 8+ tokens; on CPU it runs in Mosaic GPU's
     # interpreter for the decode steps (prefill: the Pallas ragged kernel, interpreted).

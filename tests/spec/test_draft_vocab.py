@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jaxserve import SpeculativeConfig
+from jaxserve.checkpoint import write_manifest
 from jaxserve.engine.llm import _load_proposer
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model
@@ -125,6 +126,7 @@ def test_the_zoo_draft_restricted_through_speculative_config():
 def test_a_draft_directory_without_counts_is_an_error_naming_the_file(tmp_path):
     draft = tmp_path / "draft"
     shutil.copytree(model_path("jaxserve/tiny-code-draft"), draft, ignore=shutil.ignore_patterns(COUNTS_FILE))
+    write_manifest(draft)  # a checkpoint saved without counts, not a damaged copy of the zoo draft
     config, _, tokenizer = resolve_model("jaxserve/tiny-code")
     spec = SpeculativeConfig(draft_model=str(draft), draft_vocab_size=1024)
     with pytest.raises(ValueError, match=str(draft / COUNTS_FILE)):
