@@ -80,8 +80,8 @@ def model_ab(reps: int, inner: int) -> dict:
     """Verify pass and speculative round of the zoo pair, compiled with the loop and with the whole-table step."""
     from jaxserve.models.loading import resolve_model
     from jaxserve.sampling import SamplingBatch
-    from jaxserve.spec.generate import _new_pool
-    from jaxserve.spec.round import RoundInputs, spec_round, target_verify
+    from jaxserve.speculative.generate import _new_pool
+    from jaxserve.speculative.round import RoundInputs, spec_round, target_verify
 
     tcfg, tp, _ = resolve_model("jaxserve/tiny-code")
     dcfg, dp, _ = resolve_model("jaxserve/tiny-code-draft")

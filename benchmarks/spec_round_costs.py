@@ -60,8 +60,8 @@ def _touch(tok, buf):
 def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[float, ...] = (), head=None) -> dict:
     from jaxserve.models.transformer import forward
     from jaxserve.sampling import SamplingBatch
-    from jaxserve.spec.generate import _new_pool
-    from jaxserve.spec.round import RoundInputs, _multi_token_meta, draft_propose, spec_round, target_verify
+    from jaxserve.speculative.generate import _new_pool
+    from jaxserve.speculative.round import RoundInputs, _multi_token_meta, draft_propose, spec_round, target_verify
 
     (tcfg, tp), (dcfg, dp) = target, draft
     tables = jnp.arange(PAGES, dtype=jnp.int32)[None]
@@ -117,7 +117,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
 def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None, head=None) -> dict:
     from experiments.spec_decoding.config import CONFIG
     from experiments.spec_decoding.run import make_prompts
-    from jaxserve.spec.generate import speculative_generate, target_only_generate
+    from jaxserve.speculative.generate import speculative_generate, target_only_generate
 
     (tcfg, tp), (dcfg, dp) = target, draft
     prompts = make_prompts(CONFIG, tokenizer, tcfg.vocab_size, 1)[:num_prompts]
@@ -200,8 +200,8 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxserve.models.loading import model_path, resolve_model, widen_mlp
-    from jaxserve.spec.draft_vocab import restrict_head
-    from jaxserve.spec.token_counts import load_counts, most_frequent
+    from jaxserve.speculative.draft_vocab import restrict_head
+    from jaxserve.speculative.token_counts import load_counts, most_frequent
 
     tcfg, tparams, tokenizer = resolve_model("jaxserve/tiny-code", args.dtype, args.matmul_dtype)
     draft_mm = args.draft_matmul_dtype or args.matmul_dtype

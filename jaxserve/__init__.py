@@ -11,7 +11,7 @@ from jaxserve.engine.llm import LLM
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
-from jaxserve.spec.config import SpeculativeConfig
+from jaxserve.speculative.config import SpeculativeConfig
 
 __all__ = ["LLM", "LLMEngine", "BeamSearchParams", "CompletionOutput", "EngineConfig", "ModelConfig",
            "RequestOutput", "SamplingParams", "SpeculativeConfig"]

@@ -22,7 +22,7 @@ def _engine_from_overrides(overrides: list[str]) -> dict:
 
 def _llm(args):
     from jaxserve import LLM
-    from jaxserve.spec.config import SpeculativeConfig
+    from jaxserve.speculative.config import SpeculativeConfig
     speculative = None if args.speculative_config is None else SpeculativeConfig.from_json(args.speculative_config)
     return LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
                **_engine_from_overrides(args.overrides))

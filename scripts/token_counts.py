@@ -3,7 +3,7 @@
     python scripts/token_counts.py jaxserve/zoo/tiny-code-draft [--split train] [--corpus PATH]
 
 What ``SpeculativeConfig(draft_vocab_size=N)`` reads to restrict a draft to its N most frequent tokens
-(``jaxserve.spec.draft_vocab``). The model directory's own tokenizer encodes the split (default: the
+(``jaxserve.speculative.draft_vocab``). The model directory's own tokenizer encodes the split (default: the
 committed pycode-v1 snapshot's training split).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from jaxserve.spec.token_counts import write_counts
+from jaxserve.speculative.token_counts import write_counts
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train.corpus import CORPUS_NAME
 from jaxserve.train.data import encode_split

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from jaxserve.cli import main
-from jaxserve.spec.config import SpeculativeConfig
+from jaxserve.speculative.config import SpeculativeConfig
 
 
 def test_speculative_config_from_json():

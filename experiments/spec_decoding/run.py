@@ -3,7 +3,7 @@
     python -m experiments.spec_decoding [preset=smoke] [key=value ...]
 
 Three proposers (a draft model, n-gram prompt lookup, Medusa heads) on two paths: the jitted
-while-loop generators (``jaxserve.spec.generate``: the whole batch in one program) and the engine
+while-loop generators (``jaxserve.speculative.generate``: the whole batch in one program) and the engine
 (``LLM.generate`` with ``SpeculativeConfig``: one round per continuous-batching step). Each point
 is timed against target-only decoding of the same prompts, alternating with it call by call.
 
@@ -23,10 +23,10 @@ import numpy as np
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model, widen_mlp, with_matmul_dtype
-from jaxserve.spec.benchmark import measure_engine_point, measure_point
-from jaxserve.spec.draft_vocab import restrict_head
-from jaxserve.spec.token_counts import load_counts, most_frequent
-from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads
+from jaxserve.speculative.benchmark import measure_engine_point, measure_point
+from jaxserve.speculative.draft_vocab import restrict_head
+from jaxserve.speculative.token_counts import load_counts, most_frequent
+from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_heads
 
 PRESET = "preset:"
 COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "prompts": "prompts", "gamma": "γ",

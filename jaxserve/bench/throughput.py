@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     speculative = None
     if args.speculative_config is not None:  # checked before the model loads
-        from jaxserve.spec.config import SpeculativeConfig
+        from jaxserve.speculative.config import SpeculativeConfig
         if args.backend != "jaxserve":
             raise ValueError("--speculative-config is for the jaxserve backend")
         speculative = SpeculativeConfig.from_json(args.speculative_config)

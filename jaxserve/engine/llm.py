@@ -18,9 +18,9 @@ from jaxserve.models.loading import model_path, resolve_model, with_matmul_dtype
 from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
-from jaxserve.spec.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
-from jaxserve.spec.draft_vocab import restrict_head
-from jaxserve.spec.token_counts import load_counts, most_frequent
+from jaxserve.speculative.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
+from jaxserve.speculative.draft_vocab import restrict_head
+from jaxserve.speculative.token_counts import load_counts, most_frequent
 
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
@@ -255,7 +255,7 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
     if spec.method == "medusa":
         if spec.medusa_heads is None:
             raise ValueError("SpeculativeConfig(method='medusa') needs medusa_heads (a directory of trained heads)")
-        from jaxserve.spec.medusa import load_heads
+        from jaxserve.speculative.medusa import load_heads
         return _proposer(spec, config, tokenizer, *load_heads(spec.medusa_heads), None)
     return Proposer("ngram")
 

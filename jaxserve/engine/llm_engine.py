@@ -27,7 +27,7 @@ from jaxserve.engine.sequence import FINISH_REASONS, Request
 from jaxserve.engine.spec_runner import Proposer, SpecRunner
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
-from jaxserve.spec.config import SpeculativeConfig
+from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.validation import check_token_ids
 
 

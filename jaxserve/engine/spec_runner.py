@@ -7,7 +7,7 @@ Each engine step splits the scheduled entries in two:
   without lookahead) run one packed target pass, sample where an entry ends, and run the draft
   over the same tokens at the same slots, so the draft's pool covers what the target's does;
 - round entries (decodes the scheduler gave ``num_lookahead = γ`` slots) run ONE round of
-  ``spec_round`` / ``ngram_round`` / ``medusa_round``, the functions ``jaxserve.spec.generate``
+  ``spec_round`` / ``ngram_round`` / ``medusa_round``, the functions ``jaxserve.speculative.generate``
   runs inside its ``lax.while_loop``.
 The target pool is the ``ModelRunner``'s; the draft pool has the same blocks and is addressed by
 the same block tables, so block copies (copy-on-write) apply to both. Rollback is lengths only:
@@ -38,19 +38,19 @@ from jaxserve.models.loading import to_device
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import SamplingBatch, token_logprobs
-from jaxserve.spec.config import SpeculativeConfig
-from jaxserve.spec.hidden import forward_with_hidden
-from jaxserve.spec.medusa import medusa_round
-from jaxserve.spec.metrics import SpecMetrics, summarize
-from jaxserve.spec.ngram import ngram_round
-from jaxserve.spec.rejection import sample_tokens
-from jaxserve.spec.round import RoundInputs, spec_round
+from jaxserve.speculative.config import SpeculativeConfig
+from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.medusa import medusa_round
+from jaxserve.speculative.metrics import SpecMetrics, summarize
+from jaxserve.speculative.ngram import ngram_round
+from jaxserve.speculative.rejection import sample_tokens
+from jaxserve.speculative.round import RoundInputs, spec_round
 
 
 @dataclasses.dataclass(frozen=True)
 class Proposer:
     """What proposes: ``method`` and its weights (a draft ``ModelConfig`` or a ``MedusaConfig``, and params;
-    none for ngram); ``head``: a draft restricted to its most frequent tokens (``jaxserve.spec.draft_vocab``)."""
+    none for ngram); ``head``: a draft restricted to its most frequent tokens (``jaxserve.speculative.draft_vocab``)."""
     method: str
     config: Any = None
     params: Any = None

@@ -56,7 +56,7 @@ def generate_windows(params: dict, config, prompts: np.ndarray, seq_len: int, gr
 
     Window ``i`` is greedy if ``i < greedy_fraction * W``, else sampled at temperature 1 with seed
     ``seed + i`` (so the file is a pure function of its inputs)."""
-    from jaxserve.spec.generate import target_only_generate
+    from jaxserve.speculative.generate import target_only_generate
 
     num, prompt_len = prompts.shape
     new = seq_len + 1 - prompt_len

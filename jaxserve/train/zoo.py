@@ -89,8 +89,8 @@ def acceptance_alpha(target: str, draft: str, num_prompts: int = 4, prompt_len: 
     """Greedy speculative decoding of ``draft`` for ``target`` (batch 1, ``gamma`` drafts per round) on
     ``num_prompts`` prompts cut at evenly spaced offsets of the validation stream; ``summarize``'s
     figures (α = ``token_acceptance_prob``) over all prompts' rounds together."""
-    from jaxserve.spec import speculative_generate  # here: the spec package is only needed for this figure
-    from jaxserve.spec.metrics import summarize
+    from jaxserve.speculative import speculative_generate  # here: the spec package is only needed for this figure
+    from jaxserve.speculative.metrics import summarize
     tcfg, tparams, _ = load_zoo_model(target)
     dcfg, dparams, _ = load_zoo_model(draft)
     stream = encode_split(load_tokenizer(zoo_path(target)), None, "val")

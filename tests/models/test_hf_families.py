@@ -18,7 +18,7 @@ from jaxserve import LLM, SamplingParams  # noqa: E402
 from jaxserve.cache.kv_pool import init_kv_pool  # noqa: E402
 from jaxserve.models import AttentionMetadata, forward, forward_full, load_hf  # noqa: E402
 from jaxserve.models.attention import k_tokens_minor  # noqa: E402
-from jaxserve.spec.generate import target_only_generate  # noqa: E402
+from jaxserve.speculative.generate import target_only_generate  # noqa: E402
 
 pytestmark = pytest.mark.peers
 

@@ -6,7 +6,7 @@ import pytest
 
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import widen_mlp, with_matmul_dtype
-from jaxserve.spec.generate import target_only_generate
+from jaxserve.speculative.generate import target_only_generate
 
 CONFIG = get_preset("tiny-llama")
 

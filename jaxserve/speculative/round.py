@@ -29,9 +29,9 @@ from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch, argmax_first, token_logprobs
-from jaxserve.spec.draft_vocab import DraftHead, full_logits, head_logits
-from jaxserve.spec.hidden import forward_with_hidden
-from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
+from jaxserve.speculative.draft_vocab import DraftHead, full_logits, head_logits
+from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample, round_uniforms
 
 
 @struct.dataclass
@@ -91,7 +91,7 @@ def _draft_draw(out: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greed
     """One draft token i32[B] and the distribution f32[B, V] it was drawn from (zeros when every row
     is greedy: then only the argmax is needed, and the acceptance reads no distributions). ``out`` is the
     draft's logits f32[B, V], or with ``head`` its final hidden state [B, E]: greedy rounds take the argmax
-    over the head's tokens, sampled ones draw from the whole vocabulary (``jaxserve.spec.draft_vocab``)."""
+    over the head's tokens, sampled ones draw from the whole vocabulary (``jaxserve.speculative.draft_vocab``)."""
     vocab = uniforms.shape[-1]
 
     def greedy():
@@ -120,7 +120,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
                   attention_impl: str, head: DraftHead | None = None) -> tuple[jax.Array, jax.Array, KVPool]:
     """γ draft tokens i32[B, G] and their distributions f32[B, G, V] (zeros when every row is greedy), one
     draw per uniforms[:, j] f32[B, G, V]. ``head``: in greedy rounds the draft proposes only its tokens
-    (``jaxserve.spec.draft_vocab``).
+    (``jaxserve.speculative.draft_vocab``).
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
@@ -168,7 +168,7 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
 
     All of a row's randomness in the round comes from ``row_keys(seed, index, L + 1)``, so its
     tokens do not depend on what else shares the batch. See the module docstring for the cache
-    invariant. ``draft_head``: the draft proposes only its tokens (``jaxserve.spec.draft_vocab``).
+    invariant. ``draft_head``: the draft proposes only its tokens (``jaxserve.speculative.draft_vocab``).
     """
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,

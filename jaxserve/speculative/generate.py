@@ -31,14 +31,14 @@ from jaxserve.engine.buckets import bucket, powers_of_two
 from jaxserve.models.attention import AttentionMetadata, k_tokens_minor
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
-from jaxserve.spec.config import check_medusa_matches
-from jaxserve.spec.draft_vocab import DraftHead, check_draft_head
-from jaxserve.spec.hidden import forward_with_hidden
-from jaxserve.spec.medusa import medusa_round
-from jaxserve.spec.metrics import SpecMetrics
-from jaxserve.spec.rejection import PAD_TOKEN, sample_tokens
-from jaxserve.spec.ngram import ngram_round
-from jaxserve.spec.round import RoundInputs, slots_for, spec_round
+from jaxserve.speculative.config import check_medusa_matches
+from jaxserve.speculative.draft_vocab import DraftHead, check_draft_head
+from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.medusa import medusa_round
+from jaxserve.speculative.metrics import SpecMetrics
+from jaxserve.speculative.rejection import PAD_TOKEN, sample_tokens
+from jaxserve.speculative.ngram import ngram_round
+from jaxserve.speculative.round import RoundInputs, slots_for, spec_round
 
 TRACES: Counter = Counter()  # program name -> times traced (== compiled)
 
@@ -310,7 +310,7 @@ def speculative_generate(target_params: dict, target_config: ModelConfig, draft_
 
     prompts: i32[B, Lp] right-padded; prompt_lens: i32[B] (each >= 1). max_tokens, temperature
     (0 = greedy), top_k (0 = off), top_p (1 = off) and seeds are scalars or per-row arrays [B].
-    ``draft_head``: the draft proposes only these tokens (``jaxserve.spec.draft_vocab.restrict_head``).
+    ``draft_head``: the draft proposes only these tokens (``jaxserve.speculative.draft_vocab.restrict_head``).
     Returns ``(tokens i32[B, max(max_tokens)], num_generated i32[B], SpecMetrics)``; a row's tokens
     end at its EOS (included) or its max_tokens, and later slots hold -1.
     """
@@ -346,7 +346,7 @@ def ngram_generate(target_params: dict, target_config: ModelConfig, prompts, pro
 def medusa_generate(target_params: dict, target_config: ModelConfig, heads_params: dict, heads_config, prompts,
                     prompt_lens, *, gamma: int = 4, max_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seeds=0,
                     eos_token_id: int | None = None, block_size: int = 16, attention_impl: str = "auto"):
-    """``speculative_generate`` with Medusa heads (``jaxserve.spec.medusa``) proposing; same outputs."""
+    """``speculative_generate`` with Medusa heads (``jaxserve.speculative.medusa``) proposing; same outputs."""
     check_medusa_matches(target_config, heads_config, gamma)
     return _run(_medusa_program, target_params, target_config, heads_params, None, prompts, prompt_lens,
                 gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,

@@ -16,12 +16,12 @@ from jaxserve.engine.llm import _load_proposer
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model
 from jaxserve.sampling import SamplingBatch
-from jaxserve.spec.draft_vocab import full_logits, head_logits, restrict_head
-from jaxserve.spec.generate import _new_pool
-from jaxserve.spec.hidden import full_hidden
-from jaxserve.spec.rejection import round_uniforms
-from jaxserve.spec.round import RoundInputs, draft_propose
-from jaxserve.spec.token_counts import COUNTS_FILE, load_counts, most_frequent, write_counts
+from jaxserve.speculative.draft_vocab import full_logits, head_logits, restrict_head
+from jaxserve.speculative.generate import _new_pool
+from jaxserve.speculative.hidden import full_hidden
+from jaxserve.speculative.rejection import round_uniforms
+from jaxserve.speculative.round import RoundInputs, draft_propose
+from jaxserve.speculative.token_counts import COUNTS_FILE, load_counts, most_frequent, write_counts
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=16)
 KEPT = np.array([1, 4, 5, 9, 12, 15])

@@ -27,9 +27,9 @@ from flax import traverse_util
 
 from jaxserve.cache.kv_pool import KVPool, page_size
 from jaxserve.config import ModelConfig
-from jaxserve.spec.hidden import forward_with_hidden
-from jaxserve.spec.rejection import round_uniforms
-from jaxserve.spec.round import RoundInputs, RoundOutputs, _multi_token_meta, accept_and_advance
+from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.rejection import round_uniforms
+from jaxserve.speculative.round import RoundInputs, RoundOutputs, _multi_token_meta, accept_and_advance
 
 CONFIG_FILE, PARAMS_FILE = "medusa_config.json", "medusa_params.npz"
 

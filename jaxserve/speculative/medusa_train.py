@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxserve.config import ModelConfig
-from jaxserve.spec.hidden import full_hidden
-from jaxserve.spec.medusa import MedusaConfig, medusa_logits
+from jaxserve.speculative.hidden import full_hidden
+from jaxserve.speculative.medusa import MedusaConfig, medusa_logits
 
 
 def window_length(num_positions: int, heads_config: MedusaConfig) -> int:

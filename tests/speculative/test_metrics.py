@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.spec.metrics import SpecMetrics, expected_acceptance_length, summarize
+from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize
 
 
 def test_record_round_and_summary():

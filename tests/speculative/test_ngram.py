@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.spec.ngram import ngram_propose
+from jaxserve.speculative.ngram import ngram_propose
 
 
 def test_latest_longest_match_is_continued_periodically():

@@ -11,11 +11,11 @@ import pytest
 
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import with_matmul_dtype
-from jaxserve.spec import generate as gen
-from jaxserve.spec.draft_vocab import restrict_head
-from jaxserve.spec.generate import ngram_generate, speculative_generate, target_only_generate
-from jaxserve.spec.metrics import summarize
-from jaxserve.spec.rejection import probs_from_logits
+from jaxserve.speculative import generate as gen
+from jaxserve.speculative.draft_vocab import restrict_head
+from jaxserve.speculative.generate import ngram_generate, speculative_generate, target_only_generate
+from jaxserve.speculative.metrics import summarize
+from jaxserve.speculative.rejection import probs_from_logits
 from spec_stats import chi2_statistic, chi2_threshold
 
 GAMMA, MAX_TOKENS = 3, 16

@@ -2,7 +2,7 @@
 
 ``token_counts.json``: ``{"corpus": "<what was counted>", "counts": [one int per token id]}``, written by
 ``scripts/token_counts.py`` (the zoo's: the pycode-v1 training split). ``most_frequent`` picks the ids a
-restricted draft may propose (``jaxserve.spec.draft_vocab``).
+restricted draft may propose (``jaxserve.speculative.draft_vocab``).
 """
 from __future__ import annotations
 

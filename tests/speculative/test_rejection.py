@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spec_stats import assert_matches, assert_mismatch
-from jaxserve.spec.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample
+from jaxserve.speculative.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample
 
 V, G, N = 12, 3, 200_000  # every sampler call has this shape: one compile each
 

@@ -13,7 +13,7 @@ import tokenizers
 
 from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.models import forward_full, get_preset, init_params
-from jaxserve.spec.medusa import MedusaConfig, init_medusa_params
+from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
 from jaxserve.tokenizer import Tokenizer
 from spec_stats import chi2_statistic, chi2_threshold
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from jaxserve.models import get_preset, init_params
-from jaxserve.spec.generate import medusa_generate, target_only_generate
-from jaxserve.spec.hidden import full_hidden
-from jaxserve.spec.medusa import MedusaConfig, init_medusa_params, load_heads, medusa_logits, save_heads
-from jaxserve.spec.medusa_train import corpus_labels, target_labels
+from jaxserve.speculative.generate import medusa_generate, target_only_generate
+from jaxserve.speculative.hidden import full_hidden
+from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_heads, medusa_logits, save_heads
+from jaxserve.speculative.medusa_train import corpus_labels, target_labels
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=16)
 

@@ -31,8 +31,8 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.spec.generate import medusa_generate, ngram_generate, speculative_generate, target_only_generate
-from jaxserve.spec.metrics import SpecMetrics, expected_acceptance_length, summarize
+from jaxserve.speculative.generate import medusa_generate, ngram_generate, speculative_generate, target_only_generate
+from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize
 
 
 def _interleaved(calls: dict, repeats: int, after_warmup=None) -> dict:
@@ -98,7 +98,7 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
     prompts: i32[B, L], or i32[S, B, L] for S sets of B, each timed on its own and the sets' times
     summed (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
     lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)). draft_head: the draft restricted
-    to some tokens (``jaxserve.spec.draft_vocab``).
+    to some tokens (``jaxserve.speculative.draft_vocab``).
     """
     if method not in ("draft_model", "ngram", "medusa"):
         raise ValueError(f"method must be 'draft_model', 'ngram' or 'medusa', got {method!r}")

@@ -4,7 +4,7 @@ Axis names: B rows, E hidden size, N restricted vocabulary, V vocabulary.
 
 A small draft's LM head is its largest matrix (the zoo draft's: 64 x 4096, 1 MiB in float32 of 2.4 MiB), and
 every draft step reads all of it. ``DraftHead`` keeps only the columns of the N most frequent tokens of a
-corpus (``jaxserve.spec.token_counts``): a greedy draft step then multiplies and reads N/V of it, and the
+corpus (``jaxserve.speculative.token_counts``): a greedy draft step then multiplies and reads N/V of it, and the
 draft proposes only those tokens. Greedy continuations are dominated by frequent tokens (the zoo target's
 greedy continuations of the benchmark prompts lie entirely within the 1024 most frequent of 4096), sampled
 ones much less so, so the restriction applies to rounds in which every row is greedy: a round with a sampled
@@ -50,7 +50,7 @@ def restrict_head(config: ModelConfig, params: dict, token_ids) -> DraftHead:
 def check_draft_head(head, config: ModelConfig) -> None:
     """ValueError unless ``head`` is a ``DraftHead`` for a draft of this hidden size and vocabulary."""
     if not isinstance(head, DraftHead):
-        raise ValueError(f"draft_head must be a DraftHead (jaxserve.spec.draft_vocab.restrict_head), got "
+        raise ValueError(f"draft_head must be a DraftHead (jaxserve.speculative.draft_vocab.restrict_head), got "
                          f"{type(head).__name__}")
     n = head.token_ids.shape[0]
     if head.kernel.shape != (config.hidden_size, n) or n > config.vocab_size:

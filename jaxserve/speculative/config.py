@@ -37,7 +37,7 @@ class SpeculativeConfig:
     # conversions (zoo draft, γ 5 proposal on the Zen 4: 0.342 ms bf16, 0.218 ms float32)
     draft_matmul_dtype: str | None = None
     # method "draft_model": in rounds where every row is greedy, the draft proposes only its vocabulary's
-    # draft_vocab_size most frequent tokens, its LM head cut to them (FR-Spec; jaxserve.spec.draft_vocab), from
+    # draft_vocab_size most frequent tokens, its LM head cut to them (FR-Spec; jaxserve.speculative.draft_vocab), from
     # token_counts.json beside its weights; rounds with a sampled row use the whole head. Exact either way; a
     # smaller, faster greedy draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
     draft_vocab_size: int | None = None

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.spec.rejection import round_uniforms
-from jaxserve.spec.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
+from jaxserve.speculative.rejection import round_uniforms
+from jaxserve.speculative.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
 
 
 def _latest_match(history: jax.Array, last: jax.Array, n: int) -> jax.Array:
