@@ -80,7 +80,7 @@ def model_ab(reps: int, inner: int) -> dict:
     """Verify pass and speculative round of the zoo pair, compiled with the loop and with the whole-table step."""
     from jaxserve.models.loading import resolve_model
     from jaxserve.sampling import SamplingBatch
-    from jaxserve.speculative.generate import _new_pool
+    from jaxserve.models.attention_backends import new_kv_pool
     from jaxserve.speculative.round import RoundInputs, spec_round, target_verify
 
     tcfg, tp, _ = resolve_model("jaxserve/tiny-code")
@@ -88,7 +88,7 @@ def model_ab(reps: int, inner: int) -> dict:
     tp, dp = jax.device_put(tp), jax.device_put(dp)
     gamma, pages, batch = 4, 9, 1
     tables = jnp.arange(batch * pages, dtype=jnp.int32).reshape(batch, pages)
-    tpool, dpool = _new_pool(tcfg, batch * pages, PAGE, "xla"), _new_pool(dcfg, batch * pages, PAGE, "xla")
+    tpool, dpool = new_kv_pool(tcfg, batch * pages, PAGE, "xla"), new_kv_pool(dcfg, batch * pages, PAGE, "xla")
     zeros = jnp.zeros(batch, jnp.int32)
     sampling = SamplingBatch(temperature=jnp.zeros(batch), top_k=zeros, top_p=jnp.ones(batch),
                              seed=jnp.zeros(batch, jnp.uint32), index=zeros, position=zeros)

@@ -60,7 +60,7 @@ def _touch(tok, buf):
 def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[float, ...] = (), head=None) -> dict:
     from jaxserve.models.transformer import forward
     from jaxserve.sampling import SamplingBatch
-    from jaxserve.speculative.generate import _new_pool
+    from jaxserve.models.attention_backends import new_kv_pool
     from jaxserve.speculative.round import RoundInputs, _multi_token_meta, draft_propose, spec_round, target_verify
 
     (tcfg, tp), (dcfg, dp) = target, draft
@@ -96,7 +96,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
                          gamma=gamma, attention_impl=IMPL, draft_head=head)
         return out.target_pool, out.draft_pool, out.next.last_tokens
 
-    pools = (_new_pool(tcfg, PAGES, PAGE, IMPL), _new_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
+    pools = (new_kv_pool(tcfg, PAGES, PAGE, IMPL), new_kv_pool(dcfg, PAGES, PAGE, IMPL), zero + 9)
     bodies = {name: (body, 0) for name, body in (
         ("decode_step", decode), (f"verify_{gamma + 1}_tokens", verify), (f"draft_propose_gamma{gamma}", propose),
         ("propose_then_verify", propose_verify), (f"spec_round_gamma{gamma}", round_))}
@@ -134,7 +134,7 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, 
     def base(p, max_tokens):
         return target_only_generate(tp, tcfg, p, lens, max_tokens=max_tokens, **kw)[0]
 
-    from jaxserve.engine.buckets import bucket, powers_of_two
+    from jaxserve.buckets import bucket, powers_of_two
 
     lengths = (1, 33, 64)
     assert bucket(33, powers_of_two(8, 33)) == bucket(64, powers_of_two(8, 64)), "33 and 64: one compiled program"

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.timing import time_fn
-from jaxserve.engine.runner import ModelRunner, SampleRow
+from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
+from jaxserve.sampling_params import SamplingParams
 
 
 def device_ceilings(nbytes: int, matmul_n: int, dtype: str, iters: int) -> dict:
@@ -67,17 +68,16 @@ def time_decode_step(config, params, batch: int, context: int, iters: int, block
     runner = ModelRunner(config, params, num_blocks=batch * pages + 1, block_size=block_size, max_num_seqs=batch,
                          max_num_batched_tokens=batch, max_model_len=pages * block_size,
                          attention_impl=attention_impl)
-    entries, rows = [], []
+    entries = []
     for i in range(batch):
         table = list(range(1 + i * pages, 1 + (i + 1) * pages))  # block 0 stays free, as in the engine
         pos = context - 1
         entries.append(ScheduledSequence(seq_id=i, request_id=str(i), index=0, token_ids=[1 + i], start_pos=pos,
                                          block_table=table, slot_mapping=[table[pos // block_size] * block_size
                                                                           + pos % block_size],
-                                         sample=True, num_samples=1, sampling_params=None))
-        rows.append(SampleRow(entry=i, index=0, temperature=0.0, top_k=0, top_p=1.0, seed=0, position=pos))
+                                         sample=True, num_samples=1, sampling_params=SamplingParams(temperature=0)))
     scheduled = SchedulerOutput(scheduled=entries, copies=[], preempted=[], num_batched_tokens=batch)
-    seconds = time_fn(runner.execute, scheduled, rows, iters=iters)
+    seconds = time_fn(runner.execute, scheduled, iters=iters)
     if runner.num_compilations > 1:  # a second program would mean the timed step is not the one meant
         raise RuntimeError(f"decode step at batch {batch} compiled {runner.num_compilations} programs, expected 1")
     return seconds

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-NUM_TOP = 16  # as runner.NUM_TOP_LOGPROBS (not imported: that module imports JAX)
+from jaxserve.engine.batching import NUM_TOP_LOGPROBS as NUM_TOP
+from jaxserve.engine.batching import RunnerOutput, collect_samples, sample_rows
 
 
 class NullRunner:
-    """``execute(out, rows)`` returns, per row, a token i32[R], its log-prob f32[R], and the
-    top candidates' log-probs f32[R, NUM_TOP] and ids i32[R, NUM_TOP]; nothing is computed."""
+    """``execute(out)`` returns a ``RunnerOutput`` as ``ModelRunner``'s, with the top candidates always
+    filled in (beam search reads them); nothing is computed."""
 
     num_compilations = 0
     num_buckets = 0
@@ -32,20 +33,21 @@ class NullRunner:
     def warmup(self) -> int:
         return 0
 
-    def copy_blocks(self, copies) -> None:
-        pass
-
-    def execute(self, out, rows, top_logprobs: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        del top_logprobs  # the fake top candidates are always drawn: beam search reads them
+    def execute(self, out, *, top_logprobs: bool = False) -> RunnerOutput:
+        del top_logprobs  # the fake top candidates are always drawn
         self.steps += 1
         if self.on_execute is not None:
             self.on_execute(out)
+        rows = sample_rows(out.scheduled)
         r = len(rows)
         # NUM_TOP consecutive ids from a random start, cyclic over the allowed ids: distinct, cheap to draw
         allowed = self.vocab_size - (self.avoid_token is not None)
         ids = (self.rng.integers(0, allowed, (r, 1)) + np.arange(NUM_TOP)) % allowed
         if self.avoid_token is not None:  # skip over the avoided id
             ids = np.where(ids >= self.avoid_token, ids + 1, ids)
-        top_lps = -np.cumsum(self.rng.exponential(1.0, (r, NUM_TOP)), axis=1)
-        return (ids[:, 0].astype(np.int32), top_lps[:, 0].astype(np.float32), top_lps.astype(np.float32),
-                ids.astype(np.int32))
+        ids = ids.astype(np.int32)
+        top_lps = (-np.cumsum(self.rng.exponential(1.0, (r, NUM_TOP)), axis=1)).astype(np.float32)
+        result = collect_samples(out.scheduled, r, ids[:, 0], top_lps[:, 0])
+        for k, row in enumerate(rows):
+            result.top.setdefault(out.scheduled[row.entry].seq_id, (top_lps[k], ids[k]))
+        return result

@@ -80,7 +80,7 @@ def run_jaxserve(config, params, requests, max_model_len, overrides, speculative
 
 
 def _compilations(stats: dict) -> int:
-    return stats["compilations"] + stats.get("spec_compilations", 0)
+    return stats["compilations"]
 
 
 def run_hf(config, params, requests, max_batch_size) -> dict:

@@ -118,8 +118,8 @@ class Reservation:
 class ContiguousReservations:
     """Per-request contiguous reservations under one of ``CONTIGUOUS_POLICIES``.
 
-    The scheduler asks ``size`` (to reject requests that could never fit), ``try_reserve`` on
-    admission and ``release`` when the request ends.
+    An ``Admission`` policy of the scheduler: ``check`` rejects requests that could never fit,
+    ``try_admit`` reserves on admission and ``release`` frees the reservation when the request ends.
     """
 
     def __init__(self, policy: str, capacity: int, max_model_len: int):
@@ -134,7 +134,13 @@ class ContiguousReservations:
         needed = max(final_len - 1, 1)
         return Reservation(n * reservation_slots(self.policy, needed, self.max_model_len), n * needed)
 
-    def try_reserve(self, request_id: str, final_len: int, n: int = 1) -> bool:
+    def check(self, who: str, final_len: int, n: int = 1) -> None:
+        slots = self.size(final_len, n).slots
+        if slots > self.space.capacity:
+            raise ValueError(f"{who}: {self.policy} reserves {slots} KV slots, more than the "
+                             f"{self.space.capacity} there are")
+
+    def try_admit(self, request_id: str, final_len: int, n: int = 1) -> bool:
         """Reserves for the request (once; True if it already holds one); False if nothing fits."""
         if request_id in self.held:
             return True

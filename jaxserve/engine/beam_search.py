@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from jaxserve.engine.runner import NUM_TOP_LOGPROBS, SampleRow
+from jaxserve.engine.batching import NUM_TOP_LOGPROBS
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -71,11 +71,12 @@ def _search(engine, prompts: list[list[int]], params: BeamSearchParams) -> list[
         steps = {rid: 0 for rid in rids}
         while any(steps[rid] < params.max_tokens for rid in rids):
             out = sched.schedule()
-            sampled = [e for e in out.scheduled if e.sample]
-            rows = [SampleRow(i, 0, 0.0, 0, 1.0, 0, e.context_len) for i, e in enumerate(out.scheduled) if e.sample]
-            _, _, top_lps, top_ids = engine.runner.execute(out, rows, top_logprobs=True)
+            top = engine.runner.execute(out, top_logprobs=True).top  # greedy rows: beam params have temperature 0
             candidates = {}
-            for e, lps, ids in zip(sampled, top_lps, top_ids):
+            for e in out.scheduled:
+                if not e.sample:
+                    continue
+                lps, ids = top[e.seq_id]
                 parent = beams[e.request_id][e.seq_id]
                 candidates.setdefault(e.request_id, []).extend(
                     (e.seq_id, int(tok), parent.cum_logprob + float(lp))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxserve.cache.reservation import ContiguousReservations
+
 
 @dataclass(frozen=True)
 class KVBreakdown:
@@ -41,9 +43,9 @@ class KVBreakdown:
 
 def kv_breakdown(scheduler) -> KVBreakdown:
     """The breakdown of ``scheduler``'s KV memory now (a ``jaxserve.engine.scheduler.Scheduler``)."""
-    if scheduler.reservations is None:
-        return _paged(scheduler)
-    return _contiguous(scheduler)
+    if isinstance(scheduler.admission, ContiguousReservations):
+        return _contiguous(scheduler)
+    return _paged(scheduler)
 
 
 def _paged(sched) -> KVBreakdown:
@@ -59,7 +61,7 @@ def _paged(sched) -> KVBreakdown:
 
 
 def _contiguous(sched) -> KVBreakdown:
-    res = sched.reservations
+    res = sched.admission
     tokens = reserved = internal = 0
     for request_id, r in res.held.items():
         req = sched.requests.get(request_id)

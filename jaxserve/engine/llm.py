@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from jaxserve.config import DTYPES, EngineConfig, ModelConfig
 from jaxserve.engine.llm_engine import LLMEngine
-from jaxserve.engine.spec_runner import Proposer
+from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.outputs import RequestOutput
 from jaxserve.models.loading import model_path, resolve_model, with_matmul_dtype
 from jaxserve.moe.router_state_file import load_router_state
@@ -169,7 +169,7 @@ class LLM:
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search per prompt; beams share KV blocks through fork and copy-on-write."""
         with self._lock:
-            if self.engine.spec_runner is not None:
+            if self.engine.speculative is not None:
                 raise ValueError("beam_search is not available on an LLM built with speculative decoding")
             return beam_search(self.engine, _prompt_list(prompts), params)
 
@@ -177,8 +177,6 @@ class LLM:
         """Compiles every shape bucket now (with speculative decoding: its fill, round and copy
         programs); returns how many programs that took."""
         with self._lock:
-            if self.engine.spec_runner is not None:
-                return self.engine.spec_runner.warmup()
             return self.engine.runner.warmup()
 
     def stats(self) -> dict:

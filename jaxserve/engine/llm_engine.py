@@ -2,8 +2,8 @@
 
 ``LLMEngine`` is the level for experiments that drive arrivals themselves: ``add_request``,
 ``step`` (returns the tokens produced this step, for streaming), ``abort``, ``stats``.
-With ``speculative`` set, ``step`` hands the device work to ``SpecRunner`` (one speculative round
-for the decoding sequences) and may produce up to γ+1 tokens per sequence.
+The device work of a step is one ``ModelRunner.execute``; with ``speculative`` set the runner runs one
+speculative round for the decoding sequences, and a step may produce up to γ+1 tokens per sequence.
 """
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.engine.compile_cache import enable_compilation_cache
 from jaxserve.engine.memory import check_kv_fits, check_params_finite
 from jaxserve.engine.outputs import CompletionOutput, RequestOutput
-from jaxserve.engine.runner import ModelRunner, SampleRow
+from jaxserve.engine.proposer import Proposer
+from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
-from jaxserve.engine.spec_runner import Proposer, SpecRunner
+from jaxserve.engine.speculative_stats import SpeculativeStats
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.speculative.config import SpeculativeConfig
@@ -38,6 +39,7 @@ class StepToken:
     index: int
     token_id: int
     finished: bool
+    logprob: float | None = None  # its log-probability under the target's raw logits
 
 
 class LLMEngine:
@@ -66,9 +68,9 @@ class LLMEngine:
             raise ValueError(f"kv_cache_bytes={ec.kv_cache_bytes} is smaller than one KV block")
         eos = tokenizer.eos_token_id if tokenizer is not None and tokenizer.eos_token_id is not None \
             else config.eos_token_id
-        reservations = None
+        admission = None  # paged: whatever the blocks allow
         if ec.kv_allocation != "paged":  # an Orca baseline: contiguous reservations over the same memory
-            reservations = ContiguousReservations(ec.kv_allocation, num_blocks * ec.block_size, self.max_model_len)
+            admission = ContiguousReservations(ec.kv_allocation, num_blocks * ec.block_size, self.max_model_len)
             # A spare block per seat for its partial last block: the token-granular reservations,
             # not block rounding, must be what limits admission.
             num_blocks += ec.max_num_seqs
@@ -76,7 +78,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len, reservations=reservations, eos_token_id=eos,
+                                   max_model_len=self.max_model_len, admission=admission, eos_token_id=eos,
                                    num_lookahead_slots=speculative.gamma if speculative else 0,
                                    max_num_partial_prefills=ec.max_num_partial_prefills)
         quant = None
@@ -86,12 +88,12 @@ class LLMEngine:
         self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
-                                  router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills)
-        self.spec_runner = None if speculative is None else SpecRunner(self.runner, speculative, proposer,
-                                                                       self.max_model_len)
+                                  router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills,
+                                  speculative=speculative, proposer=proposer if speculative else None)
+        self.speculative = speculative
+        self.spec_stats = None if speculative is None else SpeculativeStats(proposer.method, speculative.gamma)
         self._rng = np.random.default_rng(ec.seed)
         self._ids = itertools.count()
-        self._seeds: dict[str, int] = {}
         self._prompts: dict[str, str | None] = {}
         self._logprobs: dict[tuple[str, int], list[float]] = defaultdict(list)
         self.finished: dict[str, RequestOutput] = {}
@@ -131,9 +133,9 @@ class LLMEngine:
         label = "prompt" if request_id is None else f"request {request_id!r}"
         token_ids = self.validate_request(prompt, sampling_params, label)
         request_id = self._new_id() if request_id is None else request_id
-        self.scheduler.add_request(request_id, token_ids, sampling_params)
         seed = sampling_params.seed
-        self._seeds[request_id] = int(self._rng.integers(2**32)) if seed is None else seed
+        seed = int(self._rng.integers(2**32)) if seed is None else seed
+        self.scheduler.add_request(request_id, token_ids, sampling_params, seed)
         self._prompts[request_id] = prompt if isinstance(prompt, str) else None
         return request_id
 
@@ -146,7 +148,6 @@ class LLMEngine:
     def forget(self, request_id: str) -> None:
         """Drops every trace of a request that is no longer live (its result included)."""
         self.finished.pop(request_id, None)
-        self._seeds.pop(request_id, None)
         self._prompts.pop(request_id, None)
         for key in [k for k in self._logprobs if k[0] == request_id]:
             del self._logprobs[key]
@@ -167,55 +168,27 @@ class LLMEngine:
         if out.is_empty:
             raise RuntimeError("the scheduler could not schedule any work: the KV pool is too small for "
                                "the running requests")
-        if self.spec_runner is not None:
-            return self._spec_step(out)
-        rows = []
-        for i, e in enumerate(out.scheduled):
-            if e.sample:
-                sp, seed = e.sampling_params, self._seeds[e.request_id]
-                rows += [SampleRow(i, e.index + j, sp.temperature, sp.top_k, sp.top_p, seed, e.context_len)
-                         for j in range(e.num_samples)]
-        toks, logprobs, _, _ = self.runner.execute(out, rows)
-        sampled, k = {}, 0
-        for e in out.scheduled:
-            if e.sample:
-                drawn = [int(t) for t in toks[k:k + e.num_samples]]
-                for j, lp in enumerate(logprobs[k:k + e.num_samples]):
-                    self._logprobs[(e.request_id, e.index + j)].append(float(lp))
-                sampled[e.seq_id] = drawn if e.num_samples > 1 else drawn[0]
-                k += e.num_samples
-        res = self.scheduler.update(out, sampled)
-        finished = {r.request_id for r in res.finished}
-        for req in res.finished:
-            self._finish(req)
-        produced = []
-        for e in out.scheduled:
-            if e.sample:
-                for j in range(e.num_samples):
-                    token = sampled[e.seq_id][j] if e.num_samples > 1 else sampled[e.seq_id]
-                    produced.append(StepToken(e.request_id, e.index + j, token, e.request_id in finished))
-        return produced
-
-    def _spec_step(self, out) -> list[StepToken]:
-        """One step through ``SpecRunner``: a sequence may gain several tokens (cut at its first stop)."""
         seqs = self.scheduler.seqs
         before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
-        sampled, logprobs = self.spec_runner.execute(out, self._seeds, seqs)
-        for key, lps in logprobs.items():  # a round's run past a stop is cut with its tokens in _finish
+        result = self.runner.execute(out)
+        for key, lps in result.logprobs.items():  # a round's run past a stop is cut with its tokens in _finish
             self._logprobs[key].extend(lps)
-        res = self.scheduler.update(out, sampled)
+        res = self.scheduler.update(out, result.sampled)
         finished = {r.request_id for r in res.finished}
         for req in res.finished:
             self._finish(req)
         produced = []
         for e in out.scheduled:
             seq, n = before[e.seq_id]
-            fam = [seq] + ([s for s in seq.request.seqs if s.index > 0] if e.num_samples > 1 else [])
-            for s in fam:  # an n>1 prefill's forked samples got their first token this step
+            family = [seq] + ([s for s in seq.request.seqs if s.index > 0] if e.num_samples > 1 else [])
+            for s in family:  # an n>1 prefill's forked samples got their first token this step
                 start = n if s is seq else 0
-                produced += [StepToken(e.request_id, s.index, t, e.request_id in finished)
-                             for t in s.output_token_ids[start:]]
-        self.spec_runner.record_generated(len(produced))
+                lps = result.logprobs.get((e.request_id, s.index), [])
+                produced += [StepToken(e.request_id, s.index, t, e.request_id in finished,
+                                       lps[i] if i < len(lps) else None)
+                             for i, t in enumerate(s.output_token_ids[start:])]
+        if self.spec_stats is not None:
+            self.spec_stats.record_step(list(result.accepted.values()), result.target_rows, len(produced))
         return produced
 
     def _finish(self, req: Request) -> RequestOutput:
@@ -229,11 +202,12 @@ class LLMEngine:
                                             FINISH_REASONS.get(seq.status), seq.stop_reason,
                                             lps if wants else None, float(np.sum(lps)) if wants else None))
         result = RequestOutput(rid, self._prompts.pop(rid, None), list(req.prompt_token_ids), outputs, True)
-        self._seeds.pop(rid, None)
         self.finished[rid] = result
         return result
 
     def stats(self) -> dict:
-        spec = {} if self.spec_runner is None else self.spec_runner.stats()
-        return {**self.scheduler.stats(), "compilations": self.runner.num_compilations,
-                "buckets": self.runner.num_buckets, **spec}
+        stats = {**self.scheduler.stats(), "compilations": self.runner.num_compilations,
+                 "buckets": self.runner.num_buckets}
+        if self.spec_stats is not None:
+            stats.update(self.spec_stats.as_dict())
+        return stats

@@ -1,222 +1,252 @@
-"""The jit boundary: a scheduled batch -> padded device arrays -> one jitted step -> tokens.
+"""The jit boundary: one ``ModelRunner`` owns the device state and turns each scheduled step into
+device work through ``execute(SchedulerOutput) -> RunnerOutput``.
 
-Axis names: T packed tokens, B sequences, M pages per sequence, R sample rows.
+Axis names: T packed tokens, B sequences, M pages per sequence, R sample rows, E hidden size.
 
-Two program families, each over a small set of shape buckets:
-- decode: every sequence runs one token; shapes (B, M) with T = B;
-- mixed (prefill, chunked prefill, decode together): shapes (T, M) with B = max_num_seqs.
-The KV pool is donated to every call, so each layer's pages are updated in place.
-The jitted functions live at module level with the model config static, so every runner over
-the same config shares its compiled programs. ``num_compilations`` counts the traces (each one
-a compile) that this runner's calls caused.
+Device state: the target's params, its KV pool (a ``KVPool`` built by the attention backend, so it
+carries its layout), an MoE's routing state, and with speculative decoding the proposer's state
+(the draft model's pool: same blocks, addressed by the same block tables, so copy-on-write applies
+to both; or Medusa's per-sequence hidden, kept on the host between steps: a stale or missing value
+only lowers acceptance, never exactness).
+
+A plain runner runs every step as one decode or mixed program. A speculative runner splits a step:
+fill entries (prefill chunks, recompute after preemption, decodes the token budget left without
+lookahead) run one packed target pass, sample where an entry ends, and run the draft over the same
+tokens; round entries (decodes the scheduler gave ``num_lookahead = γ`` slots) run ONE round of
+``spec_round`` / ``ngram_round`` / ``medusa_round``, the functions ``speculative_generate`` runs inside
+its ``lax.while_loop``. Rollback is lengths only: the scheduler keeps the accepted tokens.
+The programs (``step_programs``) are bucketed (``batching.BucketPolicy``); ``num_compilations``
+counts the traces this runner's calls caused, ``num_buckets`` bounds them.
 """
 from __future__ import annotations
 
-import functools
-
-from dataclasses import dataclass
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.cache.kv_pool import KVPool, copy_blocks, init_kv_pool
 from jaxserve.config import ModelConfig
-from jaxserve.engine.buckets import bucket, decode_batch_buckets, powers_of_two
+from jaxserve.engine import step_programs as programs
+from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, SampleRow, collect_samples, pack,
+                                      sample_rows, sampling_columns)
+from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxserve.models.attention import AttentionMetadata, k_tokens_minor, resolve_impl
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.attention_backends import attention_backend, new_kv_pool
 from jaxserve.models.loading import to_device
-from jaxserve.models.transformer import forward
-from jaxserve.quant import matmul_context
-from jaxserve.sampling import SamplingBatch, sample
+from jaxserve.sampling import SamplingBatch
+from jaxserve.speculative.config import SpeculativeConfig
+from jaxserve.speculative.round import RoundInputs
 
-
-@dataclass(frozen=True)
-class SampleRow:
-    """One token to draw: from the logits of scheduled entry ``entry``; sample number ``index``."""
-    entry: int
-    index: int
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int
-    position: int
+# Warm-up's one token: position 0, attending to one cached slot, written nowhere (slot -1).
+WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
+                                  slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
 
 
 class ModelRunner:
     def __init__(self, config: ModelConfig, params: dict, *, num_blocks: int, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  attention_impl: str = "auto", quant=None, router_state: dict | None = None,
-                 max_num_partial_prefills: int | None = None):
+                 max_num_partial_prefills: int | None = None, speculative: SpeculativeConfig | None = None,
+                 proposer: Proposer | None = None):
+        if (speculative is None) != (proposer is None):
+            raise ValueError("speculative and proposer come together (both None for a plain runner)")
         self.config, self.params = config, to_device(params)  # numpy params would be copied in every step
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
-        self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
+        self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.max_chunks = max_num_partial_prefills  # the scheduler's cap on multi-token entries per step
-        # Minimum buckets trade a little padded work for far fewer programs to compile.
-        self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
-        max_pages = -(-max_model_len // block_size)
-        if resolve_impl(attention_impl) == "xla":
-            # The XLA path loops over live pages only: its cost does not follow the table width,
-            # so one width (the longest table) serves every step; with that many fewer programs,
-            # decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64)
-            # and small ones (1, 2, 4) for low-load latency.
-            self.page_buckets = [max_pages]
-            self.seq_buckets = decode_batch_buckets(max_num_seqs)
-        else:
-            self.page_buckets = powers_of_two(min(max(1, 128 // block_size), max_pages), max_pages)
-            self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
-        self.pool: KVPool = init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                                         config.head_dim, jnp.dtype(config.dtype),
-                                         k_tokens_minor=k_tokens_minor(attention_impl))
         self.attention_impl = attention_impl
         self.quant = quant  # jaxserve.quant.MatmulSettings when params hold QuantizedTensors
+        self.speculative = speculative
+        self.gamma = speculative.gamma if speculative else 0
+        self.buckets = BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                    max_model_len=max_model_len, block_size=block_size,
+                                    live_pages_only=attention_backend(attention_impl).name == "xla",
+                                    lookahead=self.gamma)
+        self.pool = new_kv_pool(config, num_blocks, block_size, attention_impl)
+        self.proposer, self.draft_pool = None, None
+        if proposer is not None:
+            self.proposer = dataclasses.replace(proposer, params=to_device(proposer.params))
+            if proposer.method == "draft_model":
+                self.draft_pool = new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)
+        # Medusa: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
+        self._hidden: dict[int, tuple[object, np.ndarray]] = {}
         self.num_compilations = 0
 
     @property
     def num_buckets(self) -> int:
-        """Upper bound on distinct step programs (plus copy programs)."""
-        pages = len(self.page_buckets)
-        return pages * (len(self.seq_buckets) + len(self.token_buckets)) + 1
+        """Upper bound on distinct step programs (plus the copy program)."""
+        return self.buckets.num_programs(self.speculative is not None)
 
-    def _counted(self, fn, *args, **kwargs):
-        before = _TRACES[0]
-        result = fn(*args, **kwargs)
-        self.num_compilations += _TRACES[0] - before
+    def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False) -> RunnerOutput:
+        """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
+        search): also each sampling sequence's most likely next tokens."""
+        self._copy_blocks(out.copies)
+        if self.speculative is None:
+            return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs)
+        if top_logprobs:
+            raise ValueError("top_logprobs needs a runner without speculative decoding")
+        fill = [e for e in out.scheduled if not e.num_lookahead]
+        rounds = [e for e in out.scheduled if e.num_lookahead]
+        result = self._fill(fill) if fill else RunnerOutput()
+        if rounds:
+            result.merge(self._round(rounds))
+        self._hidden = {k: (seq, h) for k, (seq, h) in self._hidden.items() if not seq.is_finished}
         return result
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        if not copies:
-            return
-        n = bucket(len(copies), powers_of_two(self.max_num_seqs, len(copies)))  # one size in practice
-        src = np.zeros(n, np.int32)
-        dst = np.full(n, -1, np.int32)
-        src[: len(copies)], dst[: len(copies)] = zip(*copies)
-        self.pool = self._counted(_copy, self.pool, jnp.asarray(src), jnp.asarray(dst))
+    def warmup(self) -> int:
+        """Compiles and runs every bucket's program once (the pools are not written); returns the
+        programs compiled. Afterwards a workload compiles nothing new.
 
-    def execute(self, out: SchedulerOutput, rows: list[SampleRow], top_logprobs: bool = False
-                ) -> tuple[np.ndarray, ...]:
-        """Runs one scheduled step. Returns, for each row: the drawn token i32[R], its log-prob f32[R],
-        and (only with ``top_logprobs``, else zeros) the NUM_TOP_LOGPROBS most likely tokens'
-        log-probs f32[R, k] and ids i32[R, k]."""
-        self.copy_blocks(out.copies)
-        entries = out.scheduled
-        decode_only = all(len(e.token_ids) == 1 for e in entries)
-        num_pages = bucket(max(len(e.block_table) for e in entries), self.page_buckets)
-        if decode_only:
-            num_seqs = bucket(len(entries), self.seq_buckets)
-            num_tokens = num_seqs
+        Each batch holds one token that attends to one cached slot and writes nowhere (every round
+        row is inactive but reads a cached slot): with no live token at all, the attention loops
+        would run zero times and their first real run would still pay ~30 ms of one-off cost in
+        the middle of serving. A speculative runner compiles only its fill and round programs.
+        """
+        before = self.num_compilations
+        if self.speculative is None:
+            for shape in self.buckets.decode_shapes() + self.buckets.mixed_shapes():
+                self._run_plain(pack([WARMUP_READER], *shape), [], False)
         else:
-            num_seqs = self.max_num_seqs
-            num_tokens = bucket(out.num_batched_tokens, self.token_buckets)
-        return self._run(_pack(entries, num_tokens, num_seqs, num_pages), rows, decode_only, top_logprobs)
+            for shape in self.buckets.mixed_shapes():
+                self._run_fill(pack([WARMUP_READER], *shape), [])
+            for b, m in self.buckets.round_shapes():
+                self._run_round(*self._round_inputs([], b, m))
+        self._copy_blocks([(0, 0)])  # a self-copy: harmless
+        return self.num_compilations - before
 
-    def _run(self, arrays: dict, rows: list[SampleRow], decode_only: bool, top_logprobs: bool = False
-             ) -> tuple[np.ndarray, ...]:
-        meta = self.metadata(arrays, decode_only)
-        num_seqs = arrays["tables"].shape[0]
-        num_rows = bucket(len(rows), powers_of_two(num_seqs, len(rows)))  # = num_seqs unless n>1 forks overflow
-        sbatch, sample_entry = _sampling_arrays(rows, num_rows)
+    # ---- plain steps ---------------------------------------------------------------------------
+
+    def _plain(self, entries: list[ScheduledSequence], num_batched_tokens: int, top_logprobs: bool) -> RunnerOutput:
+        rows = sample_rows(entries)
+        toks, lps, top_lps, top_ids = self._run_plain(pack(entries, *self.buckets.step(entries, num_batched_tokens)),
+                                                      rows, top_logprobs)
+        result = collect_samples(entries, len(rows), toks, lps)
+        if top_logprobs:
+            for k, row in enumerate(rows):
+                result.top.setdefault(entries[row.entry].seq_id, (top_lps[k], top_ids[k]))
+        return result
+
+    def _run_plain(self, step: PackedStep, rows, top_logprobs: bool) -> tuple[np.ndarray, ...]:
+        sbatch, sample_entry = self._sampling(rows, step.tables.shape[0])
         results, self.pool = self._counted(
-            _step, self.params, self.pool, arrays["tokens"], arrays["positions"], meta, arrays["last"],
-            sample_entry, sbatch, np.bool_(top_logprobs), self.router_state, config=self.config,
+            programs.plain_step, self.params, self.pool, step.tokens, step.positions, self._metadata(step),
+            step.last, sample_entry, sbatch, np.bool_(top_logprobs), self.router_state, config=self.config,
             attention_impl=self.attention_impl, quant=self.quant)
         return tuple(r[: len(rows)] for r in jax.device_get(results))
 
-    def metadata(self, arrays: dict, decode_only: bool = False) -> AttentionMetadata:
+    # ---- speculative fill: prefill chunks and plain decodes, target and draft together ---------
+
+    def _fill(self, entries: list[ScheduledSequence]) -> RunnerOutput:
+        shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=False)
+        rows = sample_rows(entries)
+        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows)
+        result = collect_samples(entries, len(rows), toks, lps)
+        if self.proposer.method == "medusa":
+            for k, row in enumerate(rows):
+                e = entries[row.entry]
+                if row.index == e.index:  # the entry's own (first) sample
+                    self._hidden[e.seq_id] = (e.seq, hidden[k])
+        return result
+
+    def _run_fill(self, step: PackedStep, rows) -> tuple[np.ndarray, ...]:
+        sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
+        toks, lps, hidden, self.pool, self.draft_pool = self._counted(
+            programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
+            step.positions, self._metadata(step), step.last, sample_entry, sbatch, **self._speculative_static())
+        return tuple(x[: len(rows)] for x in jax.device_get((toks, lps, hidden)))
+
+    # ---- speculative rounds: one round for every decode with lookahead --------------------------
+
+    def _round(self, entries: list[ScheduledSequence]) -> RunnerOutput:
+        toks, num_accepted, lps, hidden = self._run_round(*self._round_inputs(entries, *self.buckets.round(entries)))
+        result = RunnerOutput(target_rows=len(entries))
+        for i, e in enumerate(entries):
+            n = int(num_accepted[i])
+            result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
+            result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()
+            result.accepted[e.seq_id] = n
+            if self.proposer.method == "medusa":
+                self._hidden[e.seq_id] = (e.seq, hidden[i])
+        return result
+
+    def _run_round(self, inputs: RoundInputs, extra) -> tuple[np.ndarray, ...]:
+        s = self.speculative
+        toks, num_accepted, lps, hidden, self.pool, self.draft_pool = self._counted(
+            programs.round_step, self.params, self.proposer.params, self.pool, self.draft_pool, inputs, extra,
+            gamma=s.gamma, max_ngram=s.max_ngram, min_ngram=s.min_ngram, **self._speculative_static())
+        return jax.device_get((toks, num_accepted, lps, hidden))
+
+    def _round_inputs(self, entries: list[ScheduledSequence], b: int, m: int) -> tuple[RoundInputs, object]:
+        tables = np.zeros((b, m), np.int32)
+        positions = np.ones(b, np.int32)  # padding rows: any valid position (they write nothing)
+        prev, last = np.zeros(b, np.int32), np.zeros(b, np.int32)
+        rows = []
+        method = self.proposer.method
+        history = np.zeros((b, m * self.block_size), np.int32) if method == "ngram" else None
+        hidden = np.zeros((b, self.config.hidden_size), np.float32) if method == "medusa" else None
+        for i, e in enumerate(entries):
+            pos = e.start_pos
+            tables[i, :len(e.block_table)] = e.block_table
+            positions[i], last[i], prev[i] = pos, e.token_ids[0], e.seq.token_slice(pos - 1, pos)[0]
+            sp = e.sampling_params
+            rows.append(SampleRow(i, e.index, sp.temperature, sp.top_k, sp.top_p, e.seed, 0))
+            if history is not None:
+                history[i, :pos + 1] = e.seq.token_slice(0, pos + 1)
+            if hidden is not None:
+                hidden[i] = self._medusa_state(e.seq)
+        cols = sampling_columns(rows, b)
+        sampling = SamplingBatch(temperature=cols["temperature"], top_k=cols["top_k"], top_p=cols["top_p"],
+                                 seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
+        inputs = RoundInputs(block_tables=tables, positions=positions, prev_tokens=prev, last_tokens=last,
+                             active=np.arange(b) < len(entries), sampling=sampling)
+        extra = {"draft_model": self.proposer.head, "ngram": history, "medusa": hidden}[method]
+        return inputs, extra
+
+    def _medusa_state(self, seq) -> np.ndarray:
+        """The sequence's hidden; a forked sample starts from its request's prompt hidden (same position)."""
+        for s in [seq, *seq.request.seqs]:
+            if s.seq_id in self._hidden:
+                return self._hidden[s.seq_id][1]
+        return np.zeros(self.config.hidden_size, np.float32)
+
+    # ---- shared --------------------------------------------------------------------------------
+
+    def _speculative_static(self) -> dict:
+        return dict(target_config=self.config, proposer_config=self.proposer.config, method=self.proposer.method,
+                    attention_impl=self.attention_impl, quant=self.quant)
+
+    def _sampling(self, rows, num_seqs: int) -> tuple[SamplingBatch, np.ndarray]:
+        cols = sampling_columns(rows, self.buckets.rows(len(rows), num_seqs))
+        entry = cols.pop("entry")
+        return SamplingBatch(**cols), entry
+
+    def _metadata(self, step: PackedStep) -> AttentionMetadata:
         """The step's attention metadata; checks the multi-token-entry cap the attention relies on."""
-        if self.max_chunks is not None and not decode_only:
-            chunks = int(np.count_nonzero(np.diff(arrays["cu"]) > 1))
-            if chunks > self.max_chunks:  # the scheduler keeps this; a bypassing caller would get wrong attention
-                raise RuntimeError(f"{chunks} sequences with more than one token in one step exceed "
-                                   f"max_num_partial_prefills={self.max_chunks}")
-        return AttentionMetadata(slot_mapping=arrays["slots"], block_tables=arrays["tables"],
-                                 context_lens=arrays["context"], cu_q_lens=arrays["cu"], decode_only=decode_only,
-                                 max_chunks=self.max_chunks)
+        if self.max_chunks is not None and not step.decode_only and step.num_chunks > self.max_chunks:
+            # the scheduler keeps this; a bypassing caller would get wrong attention
+            raise RuntimeError(f"{step.num_chunks} sequences with more than one token in one step exceed "
+                               f"max_num_partial_prefills={self.max_chunks}")
+        return AttentionMetadata(slot_mapping=step.slots, block_tables=step.tables, context_lens=step.context,
+                                 cu_q_lens=step.cu, decode_only=step.decode_only, max_chunks=self.max_chunks)
 
-    def warmup(self) -> int:
-        """Compiles and runs every bucket's program once (the pool is not written).
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write copies in every pool, padded to one size (dst -1 is dropped)."""
+        if not copies:
+            return
+        n = self.buckets.copies(len(copies))
+        src, dst = np.zeros(n, np.int32), np.full(n, -1, np.int32)
+        src[: len(copies)], dst[: len(copies)] = zip(*copies)
+        src, dst = jnp.asarray(src), jnp.asarray(dst)
+        self.pool = self._counted(programs.copy_step, self.pool, src, dst)
+        if self.draft_pool is not None:
+            self.draft_pool = self._counted(programs.copy_step, self.draft_pool, src, dst)
 
-        Returns the number of programs compiled; afterwards a workload compiles nothing new.
-        Each batch holds one token that attends to one cached slot and writes nowhere: with no
-        live token at all, the attention loops would run zero times and their first real run
-        would still pay ~30 ms of one-off cost in the middle of serving.
-        """
-        before = self.num_compilations
-        shapes = [(b, b, m, True) for b in self.seq_buckets for m in self.page_buckets]
-        shapes += [(t, self.max_num_seqs, m, False) for t in self.token_buckets for m in self.page_buckets]
-        for num_tokens, num_seqs, num_pages, decode_only in shapes:
-            self._run(_pack([WARMUP_READER], num_tokens, num_seqs, num_pages), [], decode_only)
-        self.copy_blocks([(0, 0)])  # a self-copy: harmless
-        return self.num_compilations - before
+    def _counted(self, fn, *args, **kwargs):
+        before = programs.TRACES[0]
+        result = fn(*args, **kwargs)
+        self.num_compilations += programs.TRACES[0] - before
+        return result
 
-
-_TRACES = [0]  # incremented while tracing: one per compiled program
-# Warm-up's one token: position 0, attending to one cached slot, written nowhere (slot -1).
-WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
-                                  slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
-NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row (beam search uses 2 x beam_width)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
-def _step(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top, router_state=None,
-          *, config, attention_impl, quant=None):
-    _TRACES[0] += 1
-    # quant is static: a quantized tree looks the same under every matmul setting
-    with matmul_context(quant):
-        logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
-                                  attention_impl=attention_impl, logits_indices=logits_indices,
-                                  router_state=router_state)
-    logits = logits[sample_entry]
-    toks, logprobs = sample(logits, sbatch)
-    k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
-    # a runtime branch, not a static flag (which would double the programs): only beam search
-    # asks, and at batch 64 x 4096 the top-k costs ~1 ms of a ~20 ms CPU decode step
-    top_logprobs, top_ids = jax.lax.cond(
-        want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)),
-        lambda: (jnp.zeros((logits.shape[0], k), jnp.float32), jnp.zeros((logits.shape[0], k), jnp.int32)))
-    return (toks, logprobs, top_logprobs, top_ids), kv_pool
-
-
-@functools.partial(jax.jit, donate_argnames=("kv_pool",))
-def _copy(kv_pool, src, dst):
-    _TRACES[0] += 1
-    return copy_blocks(kv_pool, src, dst)
-
-
-def _pack(entries, num_tokens: int, num_seqs: int, num_pages: int) -> dict[str, np.ndarray]:
-    tokens = np.zeros(num_tokens, np.int32)
-    positions = np.zeros(num_tokens, np.int32)
-    slots = np.full(num_tokens, -1, np.int32)
-    tables = np.zeros((num_seqs, num_pages), np.int32)
-    context = np.zeros(num_seqs, np.int32)
-    cu = np.zeros(num_seqs + 1, np.int32)
-    last = np.zeros(num_seqs, np.int32)
-    t = 0
-    for b, e in enumerate(entries):
-        n = len(e.token_ids)
-        tokens[t:t + n] = e.token_ids
-        positions[t:t + n] = np.arange(e.start_pos, e.start_pos + n)
-        slots[t:t + n] = e.slot_mapping
-        tables[b, : len(e.block_table)] = e.block_table
-        context[b] = e.start_pos + n
-        t += n
-        cu[b + 1] = t
-        last[b] = t - 1
-    cu[len(entries) + 1:] = t
-    # numpy, not jax, arrays: jit's C++ path transfers numpy arguments itself, while one
-    # jnp.asarray per array costs ~40 us of Python each (~0.5 ms a step for the 14 step inputs)
-    return dict(tokens=tokens, positions=positions, slots=slots, tables=tables, context=context, cu=cu, last=last)
-
-
-def _sampling_arrays(rows: list[SampleRow], num_rows: int) -> tuple[SamplingBatch, np.ndarray]:
-    def col(name, dtype, fill):
-        a = np.full(num_rows, fill, dtype)
-        a[: len(rows)] = [getattr(r, name) for r in rows]
-        return a  # numpy: see _pack
-
-    sbatch = SamplingBatch(temperature=col("temperature", np.float32, 0.0), top_k=col("top_k", np.int32, 0),
-                           top_p=col("top_p", np.float32, 1.0), seed=col("seed", np.uint32, 0),
-                           index=col("index", np.int32, 0), position=col("position", np.int32, 0))
-    return sbatch, col("entry", np.int32, 0)

@@ -11,10 +11,11 @@ in a step (vLLM's knob of that name), which bounds the attention tiles a mixed s
 running sequence is preempted: its blocks are freed and it goes back to the front of the
 queue, to be recomputed from prompt + outputs (prefix-cache hits make that cheap).
 
-With ``reservations`` (a ``ContiguousReservations``: the Orca baselines of the vLLM paper) a
-request is admitted only once its contiguous reservation fits; it holds the reservation until
-it ends. Blocks are still taken on demand from the paged pool, which the engine sizes so that
-the reservations, not the blocks, are the binding limit.
+Admission beyond free blocks is pluggable (``Admission``): paged serving admits whatever the
+blocks allow (``AdmitAll``); the vLLM paper's Orca baselines (``ContiguousReservations``) admit a
+request only once its contiguous reservation fits, held until it ends. Blocks are still taken on
+demand from the paged pool, which the engine then sizes so that the reservations, not the blocks,
+are the binding limit.
 
 Driving loop (the engine)::
 
@@ -42,11 +43,36 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence as Seq
+from typing import Any, Mapping, Protocol, Sequence as Seq
 
 from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError
-from jaxserve.cache.reservation import ContiguousReservations
 from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
+
+
+class Admission(Protocol):
+    """Whether a request may join the running batch, beyond what free blocks allow."""
+
+    def check(self, who: str, final_len: int, n: int) -> None:
+        """``ValueError`` naming ``who`` if a request of ``final_len`` tokens x ``n`` samples can never run."""
+
+    def try_admit(self, request_id: str, final_len: int, n: int) -> bool:
+        """Admits (idempotently) or refuses for now."""
+
+    def release(self, request_id: str) -> None:
+        """The request ended."""
+
+
+class AdmitAll:
+    """Paged serving (vLLM): blocks on demand, nothing reserved."""
+
+    def check(self, who: str, final_len: int, n: int) -> None:
+        pass
+
+    def try_admit(self, request_id: str, final_len: int, n: int) -> bool:
+        return True
+
+    def release(self, request_id: str) -> None:
+        pass
 
 
 @dataclass(slots=True)  # read-only by convention; frozen=True costs ~3 us per entry per step
@@ -63,6 +89,8 @@ class ScheduledSequence:
     num_samples: int  # tokens to draw when sample (n at the end of an n>1 prefill, else 1)
     sampling_params: Any
     num_lookahead: int = 0  # speculative slots past token_ids (block_table covers them); 0: plain step
+    seed: int = 0  # the request's RNG seed (per-sample streams come from seed, index and position)
+    seq: Sequence | None = None  # the sequence itself: speculative rounds read its history
 
     @property
     def context_len(self) -> int:
@@ -92,7 +120,7 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 reservations: ContiguousReservations | None = None,
+                 admission: Admission | None = None,
                  eos_token_id: int | None = None, enable_chunked_prefill: bool = True,
                  num_lookahead_slots: int = 0, max_num_partial_prefills: int | None = None):
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
@@ -109,7 +137,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.reservations = reservations  # None: paged (blocks on demand, nothing reserved)
+        self.admission = admission or AdmitAll()
         self.num_lookahead_slots = num_lookahead_slots
         self.max_num_partial_prefills = max_num_partial_prefills or max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -123,10 +151,11 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any) -> Request:
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any,
+                    seed: int = 0) -> Request:
         """Queues a request; raises ``ValueError`` (no state change) if it can never run."""
         self._validate(request_id, prompt_token_ids, sampling_params)
-        req = Request(request_id, prompt_token_ids, sampling_params, next(self._arrivals))
+        req = Request(request_id, prompt_token_ids, sampling_params, next(self._arrivals), seed)
         seq = Sequence(next(self._seq_ids), req, 0)
         req.seqs.append(seq)
         self.seqs[seq.seq_id] = seq
@@ -308,11 +337,7 @@ class Scheduler:
             raise ValueError(f"{who}: {p} prompt + up to {final_len - p} output "
                              f"tokens need {blocks} KV blocks of {self.bm.block_size}, but the "
                              f"pool has only {self.bm.num_blocks}")
-        if self.reservations is not None:
-            slots, space = self.reservations.size(final_len, n).slots, self.reservations.space
-            if slots > space.capacity:
-                raise ValueError(f"{who}: {self.reservations.policy} reserves {slots} "
-                                 f"KV slots, more than the {space.capacity} there are")
+        self.admission.check(who, final_len, n)
 
     @staticmethod
     def _check_samples(output: SchedulerOutput, sampled) -> dict[int, list[int]]:
@@ -340,8 +365,7 @@ class Scheduler:
         return min(p + max_tokens, max(self.max_model_len, p + 1))
 
     def _release(self, req: Request) -> None:
-        if self.reservations is not None:
-            self.reservations.release(req.request_id)
+        self.admission.release(req.request_id)
 
     def _seats(self, seq: Sequence) -> int:
         """Batch seats a sequence will take: an unforked n>1 request reserves all n."""
@@ -385,8 +409,7 @@ class Scheduler:
         if not self.bm.can_allocate(tokens, n):
             return None
         # The reservation assumes the full length (an oracle's guess is exact under ignore_eos).
-        if self.reservations is not None and not self.reservations.try_reserve(
-                seq.request_id, self._final_len(seq.request), seq.request.n):
+        if not self.admission.try_admit(seq.request_id, self._final_len(seq.request), seq.request.n):
             return None
         seq.num_computed_tokens = self.bm.allocate(seq.seq_id, tokens)
         assert seq.num_computed_tokens == cached
@@ -400,7 +423,8 @@ class Scheduler:
         bs = self.bm.block_size
         slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
         return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_slice(start, start + n),
-                                 start, table, slots, sample, num_samples, seq.sampling_params, lookahead)
+                                 start, table, slots, sample, num_samples, seq.sampling_params, lookahead,
+                                 seq.request.seed, seq)
 
     def _fork_samples(self, seq: Sequence, num_samples: int) -> list[Sequence]:
         if num_samples == 1:

@@ -102,8 +102,9 @@ class Request:
     """A submitted prompt and its samples (``seqs``; ``n`` of them once forked)."""
 
     def __init__(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: Any,
-                 arrival: int = 0):
+                 arrival: int = 0, seed: int = 0):
         self.request_id = request_id
+        self.seed = seed  # the request's RNG seed (sampling_params.seed, or one the engine drew)
         self.prompt_token_ids: list[int] = [int(t) for t in prompt_token_ids]
         self.sampling_params = sampling_params
         self.arrival = arrival

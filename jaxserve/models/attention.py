@@ -1,10 +1,8 @@
 """Attention for the model family: the paged-cache path and the full-sequence oracle.
 
-``AttentionMetadata`` carries everything a step needs to find a sequence's K/V in the pool.
-``paged_attention`` is the single dispatch point where the Pallas kernels plug in
-(``attention_impl``: "pallas" = the Pallas kernels; "xla" = plain XLA that loops over the live
-pages only (``pallas_kernels.paged_attention.online``); "reference" = the gather-everything
-oracle the kernels are tested against; "auto" = Pallas on GPU, "xla" elsewhere).
+``AttentionMetadata`` carries everything a step needs to find a sequence's K/V in the pool;
+``attend`` is the single dispatch point where the implementations (``jaxserve.models.attention_backends``:
+Pallas kernels, plain XLA, the reference oracle) plug in.
 
 Axis names: B sequences, T packed tokens, H query heads, K kv heads, D head dim, M pages per
 sequence.
@@ -15,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from pallas_kernels import paged_attention as pa
+from jaxserve.cache.kv_pool import KVLayer
+from jaxserve.models.attention_backends import AttentionBackend
 
 
 @struct.dataclass
@@ -36,62 +35,17 @@ class AttentionMetadata:
     fresh: bool = struct.field(pytree_node=False, default=False)
 
 
-def resolve_impl(impl: str) -> str:
-    if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
-    if impl not in ("pallas", "mosaic", "xla", "reference"):
-        raise ValueError("attention_impl must be 'auto', 'pallas', 'mosaic', 'xla' or 'reference', "
-                         f"got {impl!r}")
-    return impl
-
-
-def k_tokens_minor(impl: str) -> bool:
-    """Whether a pool for this implementation stores K as [P, K, D, S] (the XLA path) instead of [P, S, K, D]."""
-    return resolve_impl(impl) == "xla"
-
-
-def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-                    meta: AttentionMetadata, impl: str = "auto", *, sliding_window: int | None = None,
-                    sm_scale: float | None = None) -> jax.Array:
-    """q [T, H, D] against the pool through the block tables -> [T, H, D].
-
-    ``k_pages`` is in the layout ``k_tokens_minor(impl)`` says (the pool was built for ``impl``).
-    sliding_window: a token at position p sees keys in (p - sliding_window, p] only (None: all up to
-    p). sm_scale: the score scale (None: head_dim ** -0.5)."""
-    impl = resolve_impl(impl)
-    kw = dict(sliding_window=sliding_window, sm_scale=sm_scale)
-    if meta.decode_only:
-        # "mosaic": the Mosaic GPU (Hopper) decode kernel; Mosaic GPU's CPU interpreter elsewhere
-        fn = {"reference": pa.paged_attention_reference, "xla": pa.paged_attention_online,
-              "pallas": pa.paged_attention, "mosaic": pa.paged_attention_mosaic}[impl]
-        if impl == "mosaic":
-            if sliding_window is not None or sm_scale is not None:
-                raise ValueError("attention_impl='mosaic' has no sliding window or custom sm_scale yet; "
-                                 f"got sliding_window={sliding_window}, sm_scale={sm_scale}")
-            return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens)
-        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, **kw)
-    if impl not in ("pallas", "mosaic") and meta.uniform_q_len is not None:
-        fn = pa.uniform_paged_attention_reference if impl == "reference" else pa.uniform_paged_attention_online
-        return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.uniform_q_len, **kw)
-    if impl == "xla":
-        return pa.ragged_paged_attention_online(q, k_pages, v_pages, meta.block_tables, meta.context_lens,
-                                                meta.cu_q_lens, max_chunks=meta.max_chunks, **kw)
-    # "mosaic" has no multi-query kernel yet: prefill and mixed steps run the portable Pallas one
-    fn = {"reference": pa.ragged_paged_attention_reference, "pallas": pa.ragged_paged_attention,
-          "mosaic": pa.ragged_paged_attention}[impl]
-    return fn(q, k_pages, v_pages, meta.block_tables, meta.context_lens, meta.cu_q_lens, **kw)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-           meta: AttentionMetadata, impl: str = "auto", *, sliding_window: int | None = None,
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, layer: KVLayer, meta: AttentionMetadata,
+           backend: AttentionBackend, *, sliding_window: int | None = None,
            sm_scale: float | None = None) -> jax.Array:
     """This step's queries q [T, H, D] against everything they may see -> [T, H, D].
 
-    k, v [T, K, D] are this step's new keys and values, already written into the pages. A fresh
+    k, v [T, K, D] are this step's new keys and values, already written into ``layer``. A fresh
     uniform batch (``meta.fresh``: whole prompts, nothing cached) attends to them directly with
     ``causal_attention``: no gather through the block table, and a Lp-wide score matrix instead of
     the table's M*S (a 64-token prompt in a 9-page table: 64 keys instead of 144). Everything else
-    reads the pool (``paged_attention``). ``sliding_window``, ``sm_scale``: as in ``paged_attention``.
+    reads the pool through ``backend``. sliding_window: a token at position p sees keys in
+    (p - sliding_window, p] only (None: all up to p). sm_scale: the score scale (None: head_dim ** -0.5).
     """
     kw = dict(sliding_window=sliding_window, sm_scale=sm_scale)
     if meta.fresh:
@@ -99,7 +53,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_pages: jax.Array, v_pages
             raise ValueError("AttentionMetadata.fresh needs uniform_q_len (rows grouped by sequence)")
         rows = lambda x: x.reshape(-1, meta.uniform_q_len, *x.shape[1:])  # noqa: E731
         return causal_attention(rows(q), rows(k), rows(v), **kw).reshape(q.shape)
-    return paged_attention(q, k_pages, v_pages, meta, impl, **kw)
+    return backend.read(q, layer, meta, **kw)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sliding_window: int | None = None,

@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.cache.kv_pool import KVPool, write_kv
+from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.models.attention import AttentionMetadata, attend, causal_attention, k_tokens_minor
+from jaxserve.models.attention import AttentionMetadata, attend, causal_attention
+from jaxserve.models.attention_backends import attention_backend
 from jaxserve.models.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
 
 _INIT = nn.initializers.normal(0.02)
@@ -56,7 +57,7 @@ class Attention(nn.Module):
     layer_idx: int = 0
 
     @nn.compact
-    def __call__(self, x, positions, kv=None, meta: AttentionMetadata | None = None):
+    def __call__(self, x, positions, kv: KVLayer | None = None, meta: AttentionMetadata | None = None):
         c = self.config
         lead = x.shape[:-1]
         q = _dense(c, c.num_heads * c.head_dim, c.qkv_bias, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
@@ -71,8 +72,9 @@ class Attention(nn.Module):
         if kv is None:
             o = causal_attention(q, k, v, **opts)
         else:
-            kv = write_kv(*kv, k, v, meta.slot_mapping, k_tokens_minor=k_tokens_minor(self.attention_impl))
-            o = attend(q, k, v, *kv, meta, self.attention_impl, **opts)
+            backend = attention_backend(self.attention_impl)
+            kv = backend.write(kv, k, v, meta.slot_mapping)
+            o = attend(q, k, v, kv, meta, backend, **opts)
         out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv
 
@@ -115,7 +117,7 @@ class Transformer(nn.Module):
         new_pool = []
         for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
             x, kv = DecoderLayer(c, self.attention_impl, i, name=f"layers_{i}")(
-                x, positions, None if kv_pool is None else kv_pool[i], meta)
+                x, positions, None if kv_pool is None else kv_pool.layers[i], meta)
             new_pool.append(kv)
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
@@ -124,7 +126,7 @@ class Transformer(nn.Module):
         logits = logits.astype(jnp.float32)
         if c.final_logit_softcap is not None:
             logits = c.final_logit_softcap * jnp.tanh(logits / c.final_logit_softcap)
-        return logits, (None if kv_pool is None else new_pool)
+        return logits, (None if kv_pool is None else kv_pool.replace(layers=tuple(new_pool)))
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> dict:
@@ -144,7 +146,7 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax
             ) -> tuple[jax.Array, KVPool]:
     """Serving step over a packed batch.
 
-    tokens, positions: i32[T]; kv_pool: per-layer ``(k, v)`` pages ``[P, S, K, D]``; meta: where each
+    tokens, positions: i32[T]; kv_pool: the paged pool, in the layout ``attention_impl`` reads; meta: where each
     sequence's K/V live. Returns ``(logits f32[T or len(logits_indices), V], kv_pool)`` with this
     step's K/V written into the pool.
     """

@@ -188,7 +188,7 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
             prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
             sides = {**baseline, "spec_prefill": _engine_calls(prefill_only, prompt_sets, params(1)),
                      "spec": _engine_calls(llm, prompt_sets, params(max_tokens))}
-            timed = _timed_sets(sides, repeats, after_warmup=llm.engine.spec_runner.reset_metrics)
+            timed = _timed_sets(sides, repeats, after_warmup=llm.engine.spec_stats.reset)
             (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
             decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
                                      rows=num_sets * batch)

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxserve.cache.kv_pool import KVPool, init_kv_pool, page_size
+from jaxserve.buckets import bucket, powers_of_two
+from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.engine.buckets import bucket, powers_of_two
-from jaxserve.models.attention import AttentionMetadata, k_tokens_minor
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.config import check_medusa_matches
@@ -46,7 +47,8 @@ TRACES: Counter = Counter()  # program name -> times traced (== compiled)
 @struct.dataclass
 class LoopState:
     target_pool: KVPool
-    draft_pool: KVPool  # the proposer's state: the draft's pool, [] (target-only, n-gram), or hidden (Medusa)
+    draft_pool: KVPool | None  # the draft model's pool (None: target-only, n-gram, Medusa)
+    hidden: jax.Array | None  # Medusa: the target's hidden f32[B, E] the heads read next (None otherwise)
     inputs: RoundInputs
     out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
     history: jax.Array  # i32[B, Lp+N+G+1]: the token at position t in slot t (valid up to positions)
@@ -62,7 +64,7 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     padding, whose K/V writes are dropped.
     """
     b, lp = prompts.shape
-    block_size = page_size(pool)
+    block_size = pool.page_size
     pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
     slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
@@ -78,18 +80,13 @@ def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl,
     return logits, pool
 
 
-def _new_pool(config: ModelConfig, num_blocks: int, block_size: int, attention_impl: str) -> KVPool:
-    return init_kv_pool(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim,
-                        jnp.dtype(config.dtype), k_tokens_minor=k_tokens_minor(attention_impl))
-
-
 def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
            gamma, block_size, pages_per_seq, capacity, attention_impl, with_hidden=False):
     """Prefills the target, samples the first token, and builds the loop state (draft pool empty,
     or with_hidden: the target's hidden at each prompt's last token)."""
     b = prompts.shape[0]
     tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
-    pool = _new_pool(target_config, b * pages_per_seq, block_size, attention_impl)
+    pool = new_kv_pool(target_config, b * pages_per_seq, block_size, attention_impl)
     pre = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden)
     logits, pool = pre[0], pre[-1]
     first = sample_tokens(logits, sampling.replace(position=prompt_lens))
@@ -102,13 +99,13 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
     done = ~real | (first == eos) | (max_tokens <= 1)
     history = jnp.zeros((b, prompts.shape[1] + capacity + gamma + 1), jnp.int32).at[:, :prompts.shape[1]].set(prompts)
     history = history.at[jnp.arange(b), prompt_lens].set(first)
-    proposer_state = pre[1] if with_hidden else []
-    return LoopState(pool, proposer_state, inputs.replace(active=~done), out, history, jnp.ones(b, jnp.int32), done,
+    hidden = pre[1] if with_hidden else None
+    return LoopState(pool, None, hidden, inputs.replace(active=~done), out, history, jnp.ones(b, jnp.int32), done,
                      metrics)
 
 
 def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens, eos, target_pool,
-            draft_pool) -> LoopState:
+            draft_pool=None, hidden=None) -> LoopState:
     """Appends each active row's emitted tokens, truncated at EOS and max_tokens, and updates done."""
     active = state.inputs.active
     g1 = tokens.shape[1]
@@ -126,7 +123,8 @@ def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens
     num_generated = state.num_generated + jnp.where(active, emitted, 0)
     done = state.done | (active & ((until_eos <= emitted) | (num_generated >= max_tokens)))
     metrics = state.metrics.record_round(active, num_accepted, emitted)
-    return LoopState(target_pool, draft_pool, nxt.replace(active=~done), out, history, num_generated, done, metrics)
+    return LoopState(target_pool, draft_pool, hidden, nxt.replace(active=~done), out, history, num_generated, done,
+                     metrics)
 
 
 def _finish(state: LoopState, capacity: int):
@@ -146,7 +144,7 @@ def _speculative_program(target_params, draft_params, prompts, prompt_lens, max_
     state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
                    gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
                    attention_impl=attention_impl)
-    draft_pool = _new_pool(draft_config, state.target_pool[0][0].shape[0], block_size, attention_impl)
+    draft_pool = new_kv_pool(draft_config, state.target_pool.num_pages, block_size, attention_impl)
     _, draft_pool = _prefill(draft_params, draft_config, draft_pool, prompts, prompt_lens,
                              state.inputs.block_tables, attention_impl)
 
@@ -179,7 +177,7 @@ def _target_only_program(target_params, draft_params, prompts, prompt_lens, max_
                                attention_impl=attention_impl)
         tok = sample_tokens(logits, inp.sampling.replace(position=inp.positions + 1))
         nxt = inp.replace(positions=inp.positions + 1, prev_tokens=inp.last_tokens, last_tokens=tok)
-        return _commit(st, tok[:, None], jnp.zeros_like(tok), nxt, max_tokens, eos, pool, [])
+        return _commit(st, tok[:, None], jnp.zeros_like(tok), nxt, max_tokens, eos, pool)
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
@@ -198,7 +196,7 @@ def _ngram_program(target_params, draft_params, prompts, prompt_lens, max_tokens
     def body(st: LoopState) -> LoopState:
         r = ngram_round(target_params, st.target_pool, st.inputs, st.history, target_config=target_config,
                         gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
-        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, [])
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool)
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
@@ -215,10 +213,10 @@ def _medusa_program(target_params, draft_params, prompts, prompt_lens, max_token
                    attention_impl=attention_impl, with_hidden=True)
 
     def body(st: LoopState) -> LoopState:
-        r = medusa_round(target_params, draft_params, st.target_pool, st.inputs, st.draft_pool,
+        r = medusa_round(target_params, draft_params, st.target_pool, st.inputs, st.hidden,
                          target_config=target_config, heads_config=heads_config, gamma=gamma,
                          attention_impl=attention_impl)
-        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, hidden=r.hidden)
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)

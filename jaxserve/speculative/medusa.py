@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxserve.cache.kv_pool import KVPool, page_size
+from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.rejection import round_uniforms
@@ -82,7 +82,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
                  attention_impl: str = "auto") -> RoundOutputs:
     """``spec_round`` with Medusa proposals from hidden f32[B, E] (the target's hidden at positions - 1).
 
-    The returned ``draft_pool`` slot holds the next round's hidden f32[B, E] (unchanged for inactive rows).
+    The result's ``hidden`` is the next round's f32[B, E] (unchanged for inactive rows).
     """
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
@@ -93,11 +93,11 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        _multi_token_meta(inputs, pos, page_size(target_pool)), attention_impl=attention_impl)
-    r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, [])
+        _multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl)
+    r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, None)
     # the hidden at L + n produced the new last token: the heads read it next round
     nxt = hid.reshape(b, gamma + 1, -1)[jnp.arange(b), r.num_accepted]
-    return r.replace(draft_pool=jnp.where(inputs.active[:, None], nxt, hidden))
+    return r.replace(hidden=jnp.where(inputs.active[:, None], nxt, hidden))
 
 
 def save_heads(path: str | pathlib.Path, config: MedusaConfig, params: dict, info: dict | None = None) -> None:

@@ -47,10 +47,10 @@ def ngram_propose(history: jax.Array, last: jax.Array, gamma: int, max_ngram: in
 def ngram_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, history: jax.Array, *,
                 target_config: ModelConfig, gamma: int, max_ngram: int = 3, min_ngram: int = 1,
                 attention_impl: str = "auto") -> RoundOutputs:
-    """``spec_round`` with n-gram proposals from history i32[B, H] (valid at [0, positions]); draft_pool is []."""
+    """``spec_round`` with n-gram proposals from history i32[B, H] (valid at [0, positions]); no draft pool."""
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, _ = ngram_propose(history, inputs.positions, gamma, max_ngram, min_ngram)
     logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
-    return accept_and_advance(inputs, x, None, logits, u, target_pool, [])
+    return accept_and_advance(inputs, x, None, logits, u, target_pool, None)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxserve.cache.kv_pool import KVPool, page_size
+from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
@@ -54,7 +54,8 @@ class RoundOutputs:
     logprobs: jax.Array
     next: RoundInputs  # inputs for the next round (positions advanced by num_accepted + 1)
     target_pool: KVPool
-    draft_pool: KVPool
+    draft_pool: KVPool | None  # the draft model's pool; None for proposers without one
+    hidden: jax.Array | None = None  # Medusa: the next round's target hidden f32[B, E]; None otherwise
 
 
 def slots_for(block_tables: jax.Array, positions: jax.Array, block_size: int, active: jax.Array) -> jax.Array:
@@ -124,7 +125,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
 
     The draft pool gains K/V for positions L-1 .. L+G-2.
     """
-    block_size = page_size(pool)
+    block_size = pool.page_size
     b = inputs.positions.shape[0]
     pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
     toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
@@ -152,7 +153,7 @@ def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
                   attention_impl: str) -> tuple[jax.Array, KVPool]:
     """One target pass over [last, x_1..x_G] at L..L+G -> raw logits f32[B, G+1, V] (``accept_and_advance``
     turns them into distributions only when some row samples)."""
-    block_size = page_size(pool)
+    block_size = pool.page_size
     b, g = draft_tokens.shape
     toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
@@ -180,7 +181,7 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
 
 
 def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, target_logits: jax.Array,
-                       u: jax.Array, target_pool: KVPool, draft_pool: KVPool) -> RoundOutputs:
+                       u: jax.Array, target_pool: KVPool, draft_pool: KVPool | None) -> RoundOutputs:
     """Rejection-samples proposals x i32[B, G] against the target's logits f32[B, G+1, V], and advances
     active rows. q f32[B, G, V]: the distributions x was drawn from; None for deterministic proposals
     (n-gram, Medusa's top-1 chain: q is the one-hot of x). When every row is greedy the acceptance is

@@ -58,13 +58,13 @@ def test_partial_prefill_cap_gives_identical_outputs(llm, cap):
 
 
 def test_runner_rejects_steps_over_the_partial_prefill_cap(llm):
-    from jaxserve.engine.runner import _pack
+    from jaxserve.engine.batching import pack
     from jaxserve.engine.scheduler import ScheduledSequence
     chunks = [ScheduledSequence(seq_id=i, request_id=str(i), index=0, token_ids=[1, 2], start_pos=0, block_table=[i],
                                 slot_mapping=[4 * i, 4 * i + 1], sample=False, num_samples=0, sampling_params=None)
               for i in range(9)]
     with pytest.raises(RuntimeError, match="9 sequences with more than one token .* max_num_partial_prefills=8"):
-        llm.engine.runner.metadata(_pack(chunks, 32, 16, 4))
+        llm.engine.runner._metadata(pack(chunks, 32, 16, 4))  # 9 > max_num_seqs: only a bypassing caller gets here
 
 
 def test_greedy_equals_uncached_forward(llm):

@@ -43,7 +43,7 @@ def assert_clean(llm):
     """Nothing of any call is left in the engine's bookkeeping."""
     e = llm.engine
     assert not e.has_unfinished() and not e.scheduler.seqs and not e.scheduler.waiting
-    assert e.finished == {} and e._seeds == {} and e._prompts == {} and not e._logprobs
+    assert e.finished == {} and e._prompts == {} and not e._logprobs
     assert e.block_manager.num_used == 0
 
 
@@ -183,7 +183,7 @@ def test_6_keyboard_interrupt_aborts_exactly_that_call(llm, monkeypatch):
     monkeypatch.setattr(engine, "step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         llm.generate(prompts(8), GREEDY, use_tqdm=False)
-    assert list(engine.scheduler.requests) == [other] and set(engine._seeds) == {other}
+    assert list(engine.scheduler.requests) == [other] and set(engine._prompts) == {other}
     monkeypatch.setattr(engine, "step", real)
     outs = llm.generate(prompts(9, 2), GREEDY, use_tqdm=False)
     assert len(outs) == 2 and set(engine.finished) == {other}  # no piled-up results of the interrupted call

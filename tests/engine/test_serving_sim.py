@@ -8,6 +8,7 @@ from jaxserve.bench.serving import TimedRequest, serve
 from jaxserve.bench.workload import make_workload, poisson_arrivals
 from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine
+from jaxserve.engine.scheduler import AdmitAll
 from jaxserve.models import get_preset
 
 CONFIG = get_preset("tiny-llama")
@@ -33,9 +34,9 @@ def test_kv_allocation_is_validated():
 
 def test_contiguous_policy_reserves_over_the_same_memory_with_spare_blocks(params):
     eng = sim_engine(params, "orca_oracle")
-    assert eng.scheduler.reservations.space.capacity == 16 * 8
+    assert eng.scheduler.admission.space.capacity == 16 * 8
     assert eng.block_manager.num_blocks == 16 + 8  # one spare block per seat for partial last blocks
-    assert sim_engine(params, "paged").scheduler.reservations is None
+    assert isinstance(sim_engine(params, "paged").scheduler.admission, AdmitAll)
 
 
 @pytest.mark.parametrize("policy", ["paged", "orca_oracle", "orca_max"])

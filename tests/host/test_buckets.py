@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from jaxserve.engine.buckets import bucket, decode_batch_buckets, half_octaves, powers_of_two
+from jaxserve.buckets import bucket, decode_batch_buckets, half_octaves, powers_of_two
 
 
 @given(lo=st.integers(1, 64), hi=st.integers(1, 4096))

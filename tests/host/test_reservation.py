@@ -58,7 +58,7 @@ def orca_scheduler(policy, capacity, bs=4, max_num_seqs=6, max_model_len=32):
     res = ContiguousReservations(policy, capacity, max_model_len)
     # one spare block per seat, as LLMEngine gives: partial last blocks never bind
     sched = make_scheduler(capacity // bs + max_num_seqs, bs, max_num_seqs=max_num_seqs,
-                           max_model_len=max_model_len, reservations=res, prefix_caching=False)
+                           max_model_len=max_model_len, admission=res, prefix_caching=False)
     return sched, res
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jaxserve.cache.kv_pool import init_kv_pool
+from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.models import AttentionMetadata, forward, forward_full, get_preset, init_params
-from jaxserve.models.attention import k_tokens_minor
 
 BLOCK = 4
 
@@ -34,8 +34,7 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
     total = [n + 5 for n in lengths]  # 5 decode steps after the prompt
     tokens = [rng.integers(0, config.vocab_size, t) for t in total]
     tables = rng.permutation(16)[:10].reshape(2, 5).tolist()  # scattered pages
-    pool = init_kv_pool(config.num_layers, 16, BLOCK, config.num_kv_heads, config.head_dim,
-                        k_tokens_minor=k_tokens_minor(impl))
+    pool = new_kv_pool(config, 16, BLOCK, impl)
 
     got = [[], []]
     # prefill in two chunks per sequence, both sequences packed in one batch
@@ -64,14 +63,13 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
 def test_padding_tokens_do_not_touch_the_pool(impl):
     config = get_preset("tiny-llama")
     params = init_params(config, jax.random.key(1))
-    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim,
-                        k_tokens_minor=k_tokens_minor(impl))
+    pool = new_kv_pool(config, 4, BLOCK, impl)
     meta = metadata([[2, 3]], [0], [3])
     meta = meta.replace(slot_mapping=jnp.array([8, 9, 10, -1, -1], jnp.int32))
     toks = jnp.array([5, 6, 7, 0, 0], jnp.int32)
     _, pool = forward(params, config, toks, jnp.array([0, 1, 2, 0, 0], jnp.int32), pool, meta, attention_impl=impl)
-    k, v = np.asarray(pool[0][0]), np.asarray(pool[0][1])
-    if k_tokens_minor(impl):
+    k, v = np.asarray(pool.layers[0].k), np.asarray(pool.layers[0].v)
+    if pool.k_tokens_minor:
         k = k.transpose(0, 3, 1, 2)  # back to [P, S, K, D]
     for k in (k, v):
         assert np.all(k[[0, 1, 3]] == 0) and np.all(k[2, 3] == 0) and np.all(k[2, :3] != 0)
@@ -93,8 +91,7 @@ def test_fresh_prompts_attend_without_the_pool_and_fill_it_alike(impl):
         meta = AttentionMetadata(slot_mapping=jnp.array(slots, jnp.int32).reshape(-1), block_tables=jnp.array(tables),
                                  context_lens=jnp.full(2, lp, jnp.int32), cu_q_lens=jnp.arange(3, dtype=jnp.int32) * lp,
                                  uniform_q_len=lp, fresh=fresh)
-        pool = init_kv_pool(config.num_layers, 6, BLOCK, config.num_kv_heads, config.head_dim,
-                            k_tokens_minor=k_tokens_minor(impl))
+        pool = new_kv_pool(config, 6, BLOCK, impl)
         out, pools[fresh] = forward(params, config, jnp.array(prompts.reshape(-1), jnp.int32),
                                     jnp.tile(jnp.arange(lp, dtype=jnp.int32), 2), pool, meta, attention_impl=impl)
         logits[fresh] = np.asarray(out).reshape(2, lp, -1)
@@ -102,8 +99,8 @@ def test_fresh_prompts_attend_without_the_pool_and_fill_it_alike(impl):
         expected = np.asarray(forward_full(params, config, jnp.array(prompts[b:b + 1, :n])))[0]
         np.testing.assert_allclose(logits[True][b, :n], expected, atol=1e-5)
         np.testing.assert_allclose(logits[False][b, :n], expected, atol=1e-5)
-    for layer, ((k0, v0), (k1, v1)) in enumerate(zip(pools[False], pools[True])):
-        for paged, fresh in ((k0, k1), (v0, v1)):  # layer 0's K/V precede any attention: bit-identical
+    for layer, (l0, l1) in enumerate(zip(pools[False].layers, pools[True].layers)):
+        for paged, fresh in ((l0.k, l1.k), (l0.v, l1.v)):  # layer 0's K/V precede any attention: bit-identical
             (np.testing.assert_array_equal if layer == 0 else partial(np.testing.assert_allclose, atol=1e-5))(
                 np.asarray(fresh), np.asarray(paged))
 

@@ -15,9 +15,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxserve import LLM, SamplingParams  # noqa: E402
-from jaxserve.cache.kv_pool import init_kv_pool  # noqa: E402
+from jaxserve.models.attention_backends import new_kv_pool  # noqa: E402
 from jaxserve.models import AttentionMetadata, forward, forward_full, load_hf  # noqa: E402
-from jaxserve.models.attention import k_tokens_minor  # noqa: E402
 from jaxserve.speculative.generate import target_only_generate  # noqa: E402
 
 pytestmark = pytest.mark.peers
@@ -148,7 +147,7 @@ def test_paged_prefill_and_decode_logits_match(family):
     prompts = _prompts()
     full = [p + _prompts((3,), seed=2)[0] for p in prompts]
     tables = np.random.default_rng(0).permutation(24)[:20].reshape(2, 10).tolist()
-    pool = init_kv_pool(config.num_layers, 24, BLOCK, config.num_kv_heads, config.head_dim, k_tokens_minor=True)
+    pool = new_kv_pool(config, 24, BLOCK, "xla")
     step = jax.jit(lambda p, t, pos, pool, meta: forward(p, config, t, pos, pool, meta, attention_impl="xla"))
     got = [[], []]
     for lo in range(0, max(map(len, prompts)), 11):

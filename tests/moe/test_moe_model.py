@@ -4,8 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.cache.kv_pool import init_kv_pool
-from jaxserve.models.attention import k_tokens_minor
+from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.config import ModelConfig
 from jaxserve.models import forward, forward_full, get_preset, param_shapes
 from jaxserve.models.transformer import init_params
@@ -64,8 +63,7 @@ def test_paged_forward_equals_full_forward():
     lengths = [6, 6]  # equal, so one batched forward_full is the oracle for both
     tokens = [rng.integers(0, config.vocab_size, n + 1) for n in lengths]  # prompt, then one decode step
     tables = [[3, 1], [0, 2]]
-    pool = init_kv_pool(config.num_layers, 4, BLOCK, config.num_kv_heads, config.head_dim,
-                        k_tokens_minor=k_tokens_minor("auto"))  # the layout forward's default impl reads
+    pool = new_kv_pool(config, 4, BLOCK, "auto")  # the layout forward's default impl reads
     step = jax.jit(lambda toks, pos, pool, meta: forward(params, config, toks, pos, pool, meta))
     meta = metadata(tables, [0, 0], lengths)
     prefill, pool = step(jnp.array(np.concatenate([t[:n] for t, n in zip(tokens, lengths)]), jnp.int32),

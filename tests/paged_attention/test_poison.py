@@ -131,7 +131,7 @@ def test_engine_with_a_nan_pool_gives_the_clean_greedy_tokens(impl):
         llm = LLM.from_params(config, params, **engine)
         if poison:
             runner = llm.engine.runner
-            runner.pool = [(jnp.full_like(k, jnp.nan), jnp.full_like(v, jnp.nan)) for k, v in runner.pool]
+            runner.pool = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), runner.pool)
         first = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
         # the second call reuses freed blocks (stale values, NaN tails) and aliases them with padding
         second = [o.outputs[0].token_ids for o in llm.generate(prompts[::-1], greedy, use_tqdm=False)]

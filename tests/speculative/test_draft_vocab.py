@@ -17,7 +17,7 @@ from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.draft_vocab import full_logits, head_logits, restrict_head
-from jaxserve.speculative.generate import _new_pool
+from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.speculative.hidden import full_hidden
 from jaxserve.speculative.rejection import round_uniforms
 from jaxserve.speculative.round import RoundInputs, draft_propose
@@ -91,7 +91,7 @@ def _propose(params, temperature, head, gamma=4, b=8):
                          last_tokens=jnp.asarray(rng.integers(0, 16, b), jnp.int32), active=jnp.ones(b, bool),
                          sampling=sampling)
     u = round_uniforms(sampling.seed, sampling.index, inputs.positions + 1, gamma, 16, jnp.bool_(temperature == 0))
-    x, q, _ = draft_propose(params, CONFIG, _new_pool(CONFIG, b, 16, "auto"), inputs, u[:, :gamma, :-1], "auto", head)
+    x, q, _ = draft_propose(params, CONFIG, new_kv_pool(CONFIG, b, 16, "auto"), inputs, u[:, :gamma, :-1], "auto", head)
     return np.asarray(x), np.asarray(q), jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
 
 

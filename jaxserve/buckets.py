@@ -1,4 +1,4 @@
-"""Shape buckets: a long workload compiles a bounded, known set of programs (host, no JAX)."""
+"""Shape buckets: a long workload compiles a bounded, known set of programs (host, no JAX; used by the engine and by speculative_generate)."""
 from __future__ import annotations
 
 

@@ -1,0 +1,20 @@
+"""What proposes draft tokens for the speculative engine (host-side description, no JAX).
+
+``Proposer.method`` is "draft_model", "ngram" or "medusa" (``SpeculativeConfig.method``).
+Its device state lives in the ``ModelRunner``: the draft model's KV pool (same blocks and block
+tables as the target's), or Medusa's per-sequence hidden state between steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Proposer:
+    """``config``/``params``: a draft ``ModelConfig`` or a ``MedusaConfig`` and its weights (none for
+    ngram); ``head``: a draft restricted to its most frequent tokens (``jaxserve.speculative.draft_vocab``)."""
+    method: str
+    config: Any = None
+    params: Any = None
+    head: Any = None

@@ -1,0 +1,108 @@
+"""The runner's jitted step programs: plain step, speculative fill, speculative round, block copy.
+
+Axis names: T packed tokens, B sequences, R sample rows, G draft tokens (γ), V vocabulary, E hidden size.
+
+Each is a pure function of explicit state, jitted at module level with its configuration static,
+so every runner over the same configuration shares its compiled programs; the KV pools are
+donated, so each layer's pages are updated in place. ``quant`` (static: a quantized params tree
+looks the same under every matmul setting) selects the matmul of quantized weights.
+``TRACES[0]`` counts traces, one per compiled program.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.cache.kv_pool import KVPool
+from jaxserve.engine.batching import NUM_TOP_LOGPROBS
+from jaxserve.models.transformer import forward
+from jaxserve.quant import matmul_context
+from jaxserve.sampling import sample, token_logprobs
+from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.medusa import medusa_round
+from jaxserve.speculative.ngram import ngram_round
+from jaxserve.speculative.rejection import sample_tokens
+from jaxserve.speculative.round import RoundInputs, spec_round
+
+TRACES = [0]  # incremented while tracing: one per compiled program
+
+
+@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
+def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top,
+               router_state=None, *, config, attention_impl, quant=None):
+    """One forward over the packed tokens, then a draw per sample row: tokens i32[R], their log-probs
+    f32[R], and (when ``want_top``, else zeros) the top candidates' log-probs f32[R, k] and ids i32[R, k]."""
+    TRACES[0] += 1
+    with matmul_context(quant):
+        logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
+                                  attention_impl=attention_impl, logits_indices=logits_indices,
+                                  router_state=router_state)
+    logits = logits[sample_entry]
+    toks, logprobs = sample(logits, sbatch)
+    k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
+    # a runtime branch, not a static flag (which would double the programs): only beam search
+    # asks, and at batch 64 x 4096 the top-k costs ~1 ms of a ~20 ms CPU decode step
+    top_logprobs, top_ids = jax.lax.cond(
+        want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)),
+        lambda: (jnp.zeros((logits.shape[0], k), jnp.float32), jnp.zeros((logits.shape[0], k), jnp.int32)))
+    return (toks, logprobs, top_logprobs, top_ids), kv_pool
+
+
+SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant")
+
+
+@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC, donate_argnames=("target_pool", "draft_pool"))
+def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, tokens, positions,
+              meta, last, sample_entry, sbatch, *, target_config, proposer_config, method: str,
+              attention_impl: str, quant=None):
+    """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens, so the draft's
+    pool covers what the target's does; samples rows and returns their tokens' log-probabilities under
+    the raw logits. Float proposer weights are untouched by ``quant``."""
+    TRACES[0] += 1
+    with matmul_context(quant):
+        if method == "medusa":
+            logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
+                                                              target_pool, meta, attention_impl=attention_impl,
+                                                              logits_indices=last)
+        else:
+            logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
+                                          attention_impl=attention_impl, logits_indices=last)
+            hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
+        if method == "draft_model":
+            _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
+                                    attention_impl=attention_impl, logits_indices=last)
+        logits = logits[sample_entry]
+        toks = sample_tokens(logits, sbatch)
+        return toks, token_logprobs(logits, toks), hidden[sample_entry], target_pool, draft_pool
+
+
+@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
+                   donate_argnames=("target_pool", "draft_pool"))
+def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, inputs: RoundInputs,
+               extra, *, target_config, proposer_config, method: str, attention_impl: str, gamma: int,
+               max_ngram: int, min_ngram: int, quant=None):
+    """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1], Medusa's
+    next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the n-gram history i32[B, H], the
+    Medusa hidden f32[B, E], or the draft's restricted head (a ``DraftHead`` or None)."""
+    TRACES[0] += 1
+    with matmul_context(quant):
+        if method == "draft_model":
+            r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,
+                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl, draft_head=extra)
+            draft_pool = r.draft_pool
+        elif method == "ngram":
+            r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
+                            max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
+        else:
+            r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
+                             heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
+        hidden = r.hidden if r.hidden is not None else jnp.zeros((), jnp.float32)
+        return r.tokens, r.num_accepted, r.logprobs, hidden, r.target_pool, draft_pool
+
+
+@functools.partial(jax.jit, donate_argnames=("pool",))
+def copy_step(pool: KVPool, src, dst) -> KVPool:
+    TRACES[0] += 1
+    return pool.copy_blocks(src, dst)

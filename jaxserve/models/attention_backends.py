@@ -1,0 +1,130 @@
+"""Attention backends: one object per ``attention_impl``, owning how K/V are laid out, written and read.
+
+Axis names: T packed tokens, H query heads, K kv heads, D head dim, B sequences.
+
+- ``reference``: the gather-everything oracle the kernels are tested against;
+- ``xla``: plain XLA that loops over the live pages only (``pallas_kernels.paged_attention.online``),
+  reading K with tokens innermost (``[P, K, D, S]``): the default off GPU;
+- ``pallas``: the portable Pallas kernels (Triton on GPU, interpret mode on CPU);
+- ``mosaic``: the Mosaic GPU (Hopper) decode kernel; prefill and mixed steps run the portable Pallas
+  multi-query kernel (Mosaic has none yet);
+- ``auto``: ``pallas`` on GPU, ``xla`` elsewhere.
+
+A backend builds the pools it reads (``new_pool``), so a pool carries its layout; ``write`` refuses
+a layer of another layout at trace time rather than scattering into the wrong axes.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.cache.kv_pool import KVLayer, KVPool, init_kv_pool
+from pallas_kernels import paged_attention as pa
+
+IMPLS = ("auto", "pallas", "mosaic", "xla", "reference")
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The paged-attention reads of one implementation (a static, hashable value)."""
+    name: str
+    k_tokens_minor: bool = False
+
+    def new_pool(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype=jnp.float32) -> KVPool:
+        return init_kv_pool(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype,
+                            k_tokens_minor=self.k_tokens_minor)
+
+    def write(self, layer: KVLayer, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> KVLayer:
+        if layer.k_tokens_minor != self.k_tokens_minor:
+            raise ValueError(f"attention_impl={self.name!r} reads pools with k_tokens_minor={self.k_tokens_minor}, "
+                             f"got a pool built with k_tokens_minor={layer.k_tokens_minor}")
+        return layer.write(k, v, slot_mapping)
+
+    def read(self, q: jax.Array, layer: KVLayer, meta, *, sliding_window: int | None = None,
+             sm_scale: float | None = None) -> jax.Array:
+        """q [T, H, D] against the pool through ``meta``'s block tables -> [T, H, D]."""
+        args = (q, layer.k, layer.v, meta.block_tables, meta.context_lens)
+        kw = dict(sliding_window=sliding_window, sm_scale=sm_scale)
+        if meta.decode_only:
+            return self.decode(*args, **kw)
+        if meta.uniform_q_len is not None and self.reads_uniform:
+            return self.uniform(*args, meta.uniform_q_len, **kw)
+        return self.ragged(*args, meta.cu_q_lens, max_chunks=meta.max_chunks, **kw)
+
+    # The reads. ``uniform``: every sequence has the same q_len (speculative verify, fresh prompts);
+    # a backend without one (``reads_uniform = False``) serves those batches with ``ragged``.
+    reads_uniform = True
+
+    def decode(self, q, k_pages, v_pages, tables, lens, **kw):
+        return pa.paged_attention_reference(q, k_pages, v_pages, tables, lens, **kw)
+
+    def uniform(self, q, k_pages, v_pages, tables, lens, q_len: int, **kw):
+        return pa.uniform_paged_attention_reference(q, k_pages, v_pages, tables, lens, q_len, **kw)
+
+    def ragged(self, q, k_pages, v_pages, tables, lens, cu_q_lens, *, max_chunks=None, **kw):
+        return pa.ragged_paged_attention_reference(q, k_pages, v_pages, tables, lens, cu_q_lens, **kw)
+
+
+@dataclass(frozen=True)
+class XlaAttention(AttentionBackend):
+    k_tokens_minor: bool = True
+
+    def decode(self, q, k_pages, v_pages, tables, lens, **kw):
+        return pa.paged_attention_online(q, k_pages, v_pages, tables, lens, **kw)
+
+    def uniform(self, q, k_pages, v_pages, tables, lens, q_len: int, **kw):
+        return pa.uniform_paged_attention_online(q, k_pages, v_pages, tables, lens, q_len, **kw)
+
+    def ragged(self, q, k_pages, v_pages, tables, lens, cu_q_lens, *, max_chunks=None, **kw):
+        return pa.ragged_paged_attention_online(q, k_pages, v_pages, tables, lens, cu_q_lens,
+                                                max_chunks=max_chunks, **kw)
+
+
+@dataclass(frozen=True)
+class PallasAttention(AttentionBackend):
+    reads_uniform = False  # the ragged kernel serves uniform batches
+
+    def decode(self, q, k_pages, v_pages, tables, lens, **kw):
+        return pa.paged_attention(q, k_pages, v_pages, tables, lens, **kw)
+
+    def ragged(self, q, k_pages, v_pages, tables, lens, cu_q_lens, *, max_chunks=None, **kw):
+        return pa.ragged_paged_attention(q, k_pages, v_pages, tables, lens, cu_q_lens, **kw)
+
+
+@dataclass(frozen=True)
+class MosaicAttention(PallasAttention):
+    def decode(self, q, k_pages, v_pages, tables, lens, *, sliding_window=None, sm_scale=None):
+        if sliding_window is not None or sm_scale is not None:
+            raise ValueError("attention_impl='mosaic' has no sliding window or custom sm_scale yet; "
+                             f"got sliding_window={sliding_window}, sm_scale={sm_scale}")
+        return pa.paged_attention_mosaic(q, k_pages, v_pages, tables, lens)
+
+
+def resolve_impl(impl: str) -> str:
+    """``impl`` with "auto" resolved for the default backend; a ``ValueError`` names an unknown one."""
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    if impl not in IMPLS:
+        raise ValueError(f"attention_impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    return impl
+
+
+@functools.cache
+def _backend(name: str) -> AttentionBackend:
+    cls = {"reference": AttentionBackend, "xla": XlaAttention, "pallas": PallasAttention,
+           "mosaic": MosaicAttention}[name]
+    return cls(name)
+
+
+def attention_backend(impl: str) -> AttentionBackend:
+    return _backend(resolve_impl(impl))
+
+
+def new_kv_pool(config, num_blocks: int, block_size: int, attention_impl: str = "auto") -> KVPool:
+    """A zeroed pool for ``config`` (a ``ModelConfig``) in the layout ``attention_impl`` reads."""
+    return attention_backend(attention_impl).new_pool(config.num_layers, num_blocks, block_size,
+                                                      config.num_kv_heads, config.head_dim, jnp.dtype(config.dtype))
