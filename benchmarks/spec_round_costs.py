@@ -38,16 +38,15 @@ import datetime
 import json
 import pathlib
 import platform
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # experiments/, for the benchmark's prompts
-from timing import time_alternating  # noqa: E402  benchmarks/timing.py, beside this script
+from jaxserve.bench.timing import time_alternating
 
 PAGE, PAGES, CACHED = 16, 9, 100
+PROMPT_LEN = 64
 IMPL = "auto"  # Pallas kernels on a GPU, the XLA path elsewhere (as the generate programs choose)
 
 
@@ -115,12 +114,12 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
 
 
 def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None, head=None) -> dict:
-    from experiments.spec_decoding.config import CONFIG
-    from experiments.spec_decoding.run import make_prompts
     from jaxserve.speculative.generate import speculative_generate, target_only_generate
+    from jaxserve.train.data import prompt_windows
 
     (tcfg, tp), (dcfg, dp) = target, draft
-    prompts = make_prompts(CONFIG, tokenizer, tcfg.vocab_size, 1)[:num_prompts]
+    # The spec_decoding experiment's batch-1 prompts: 64-token val windows, seed = its seed 0 + batch 1.
+    prompts = prompt_windows(tokenizer, tcfg.vocab_size, num_prompts, PROMPT_LEN, seed=1)
     lens = np.full(1, prompts.shape[-1])
     kw = dict(temperature=0.0, seeds=np.zeros(1, int), eos_token_id=None)
     rounds = {}

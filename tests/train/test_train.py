@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.checkpoint import load_model
+from jaxserve.models.checkpoint import load_model
 from jaxserve.train import parse_run_config, train
 from jaxserve.train.data import BatchOrder, windows
 from tests.train.conftest import with_train

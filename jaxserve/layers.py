@@ -1,0 +1,142 @@
+"""Building blocks shared by the model family and the MoE layers: dense layers, RMSNorm, rotary embeddings,
+the gated MLP. Below both ``jaxserve.models`` and ``jaxserve.moe`` (the MoE block builds its shared experts
+from ``SwiGLU``), so neither package imports the other for them."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def dot_via(matmul_dtype):
+    """``lax.dot_general`` with both operands rounded to ``matmul_dtype``, summed in float32, and the
+    result in the operands' original dtype.
+
+    What a bfloat16 GEMM does on GPUs and in PyTorch's CPU kernels (one rounding of f32 sums per
+    Linear), and, for float32 operands, TPU's default matmul precision. XLA:CPU's bf16 -> bf16 dot is
+    also ~2x slower than bf16 -> f32 on CPUs with AVX512-BF16.
+
+    A one-row lhs is given a second row: XLA:CPU hands multi-row dots to YNNPACK, which reads the bf16
+    kernel as it is, but runs one-row dots in its own float32 code, converting the whole kernel first, on
+    every engine step (a loop hoists it). Batch-1 decoding on the 2-core Zen 4, one process alternating:
+    a plain engine 554.7 ms (float32) / 753.5 (one row) / 467.6 (two rows); while-loop target-only
+    537.0 / 615.5 / 433.4 ms (benchmarks/RESULTS.md, "bfloat16 matmuls").
+    """
+    def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+        del preferred_element_type
+        out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+        rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
+        if rows == 1:
+            lhs = jnp.concatenate([lhs, lhs])
+        out = jax.lax.dot_general(lhs.astype(matmul_dtype), rhs.astype(matmul_dtype), dimension_numbers, precision,
+                                  preferred_element_type=jnp.float32)
+        return (out[:1] if rows == 1 else out).astype(out_dtype)
+    return dot_general
+
+
+def dense(features: int, dtype, name: str, *, matmul_dtype=None, bias: bool = False,
+          kernel_init=nn.initializers.lecun_normal()) -> nn.Dense:
+    """An ``nn.Dense`` computing in ``dtype``, its dot in ``matmul_dtype`` (default: dtype) with float32 sums.
+
+    A kernel is declared in the narrower of the two (its bias in ``dtype``): a bf16 kernel feeds a bf16 dot
+    as it is, where a float32 one would be rounded again on every call (XLA hoists that out of a
+    ``while_loop`` but not out of an engine step: a batch-1 decode step 1.86 -> 2.38 ms on the Zen 4)."""
+    dtype, mm = jnp.dtype(dtype), jnp.dtype(matmul_dtype or dtype)
+    return _Dense(features, use_bias=bias, dtype=dtype, param_dtype=min(dtype, mm, key=lambda d: d.itemsize),
+                  kernel_init=kernel_init, dot_general=dense_dot(dtype, matmul_dtype), name=name)
+
+
+def dense_dot(dtype, matmul_dtype=None):
+    """The ``dot_general`` a ``dense`` layer computes with: XLA's own for float32 throughout, else ``dot_via``."""
+    dtype, mm = jnp.dtype(dtype), jnp.dtype(matmul_dtype or dtype)
+    return jax.lax.dot_general if mm == jnp.float32 == dtype else dot_via(mm)
+
+
+class _Dense(nn.Dense):
+    """``nn.Dense`` whose bias is stored in the compute dtype when the kernel is narrower."""
+
+    @nn.compact
+    def __call__(self, inputs):
+        if not self.use_bias or self.param_dtype == self.dtype:
+            return super().__call__(inputs)
+        kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.dtype)
+        y = self.dot_general(inputs.astype(self.dtype), kernel.astype(self.dtype),
+                             (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+        return y + bias
+
+
+class RMSNorm(nn.Module):
+    eps: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+    unit_offset: bool = False  # Gemma: scale by (1 + weight), weights initialised to 0
+
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
+        scale = self.param("scale", init, (x.shape[-1],), self.dtype)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.unit_offset:  # Gemma scales in float32, then casts (HF transformers PR 29402)
+            return (xf * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+        # Normalise in float32 and cast back before scaling, as HF Llama/Qwen do.
+        return scale * xf.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, rope_type: str = "default", factor: float = 1.0,
+                  low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                  original_max_position: int = 8192) -> jax.Array:
+    """RoPE inverse frequencies f32[D/2], as HF's ``ROPE_INIT_FUNCTIONS[rope_type]`` computes them.
+
+    linear: all divided by ``factor``. llama3 (Llama 3.1): wavelengths longer than
+    ``original_max_position / low_freq_factor`` divided by ``factor``, shorter than
+    ``original_max_position / high_freq_factor`` kept, those between interpolated smoothly.
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / factor
+    if rope_type != "llama3":
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    wavelen = 2 * jnp.pi / inv_freq
+    low_wavelen, high_wavelen = original_max_position / low_freq_factor, original_max_position / high_freq_factor
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq: jax.Array | None = None) -> jax.Array:
+    """Rotary embedding in HF's rotate-half layout: x [..., H, D], positions i32[...].
+
+    ``inv_freq`` f32[D/2] (``rope_inv_freq``) replaces the unscaled frequencies of base ``theta``."""
+    d = x.shape[-1]
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(d, theta)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., D/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
+    xf = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-xf[..., d // 2:], xf[..., : d // 2]], -1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP: down(act(gate(x)) * up(x)); ``activation`` "silu" (SwiGLU) or "gelu_tanh" (GeGLU)."""
+    hidden_size: int
+    intermediate_size: int
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+    activation: str = "silu"
+
+    @nn.compact
+    def __call__(self, x):
+        proj = lambda n, name: dense(n, self.dtype, name, matmul_dtype=self.matmul_dtype)  # noqa: E731
+        act = _ACTIVATIONS[self.activation]
+        h = act(proj(self.intermediate_size, "gate_proj")(x)) * proj(self.intermediate_size, "up_proj")(x)
+        return proj(self.hidden_size, "down_proj")(h)
