@@ -119,7 +119,7 @@ def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, 
 
     (tcfg, tp), (dcfg, dp) = target, draft
     # The spec_decoding experiment's batch-1 prompts: 64-token val windows, seed = its seed 0 + batch 1.
-    prompts = prompt_windows(tokenizer, tcfg.vocab_size, num_prompts, PROMPT_LEN, seed=1)
+    prompts = prompt_windows(tokenizer, tcfg.vocab_size, num_prompts, PROMPT_LEN, seed=1)[:, None]  # [N, 1, L]
     lens = np.full(1, prompts.shape[-1])
     kw = dict(temperature=0.0, seeds=np.zeros(1, int), eos_token_id=None)
     rounds = {}

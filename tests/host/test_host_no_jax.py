@@ -57,3 +57,9 @@ def test_public_names_load_on_first_use():
     assert set(jaxserve.__all__) <= set(dir(jaxserve))
     with pytest.raises(AttributeError, match="'jaxserve' has no attribute 'NoSuchName'"):
         jaxserve.NoSuchName
+
+
+def test_the_kernel_benchmarks_timing_needs_none_of_jaxserves_other_dependencies():
+    """The GPU check runs benchmarks/paged_attention.py and fp4_matmul.py where omegaconf may be missing."""
+    loaded = loaded_top_level("jaxserve.bench.timing")
+    assert "jax" in loaded and not loaded & {"omegaconf", "tokenizers", "jinja2", "flax", "orbax"}
