@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.paged_attention import online
-from timing import time_alternating  # benchmarks/timing.py, beside this script
+from jaxserve.bench.timing import time_alternating
 
 HEADS, KV_HEADS, DIM, PAGE = 8, 4, 32, 16
 LOOP_STEP = online.TOKENS_PER_STEP // PAGE  # an explicit pages_per_step forces the loop, at its default step

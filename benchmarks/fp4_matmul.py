@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import copy_bandwidth, time_fn  # benchmarks/timing.py, beside this script
+from jaxserve.bench.timing import copy_bandwidth, time_fn
 from pallas_kernels import fp4
 
 GPU_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192)]  # (M, K, N); one K and N per list

@@ -50,7 +50,7 @@ if [[ -f benchmarks/fp4_matmul.py ]]; then
   step bench_fp4_matmul 100 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
   step bench_fp4_matmul_mxfp4 60 python benchmarks/fp4_matmul.py --fmt mxfp4 --iters 10 --out "$OUT/fp4_mxfp4.json"
 fi
-# The roofline model (jaxserve/perfmodel.py) against jaxserve's measured decode step on this GPU
+# The roofline model (experiments/blackwell_roofline/perfmodel.py) against jaxserve's measured decode step on this GPU
 # (experiments/blackwell_roofline, its config.GPU overrides). It imports jaxserve, which needs
 # omegaconf: not in the GPU image, so carry its wheel (benchmarks/gpu_wheels.sh) to run it.
 if python -c "import omegaconf" 2>/dev/null; then

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import copy_bandwidth, time_fn  # benchmarks/timing.py, beside this script
+from jaxserve.bench.timing import copy_bandwidth, time_fn
 from pallas_kernels.paged_attention import (
     paged_attention,
     paged_attention_mosaic,

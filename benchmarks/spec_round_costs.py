@@ -38,16 +38,15 @@ import datetime
 import json
 import pathlib
 import platform
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # experiments/, for the benchmark's prompts
-from timing import time_alternating  # noqa: E402  benchmarks/timing.py, beside this script
+from jaxserve.bench.timing import time_alternating
 
 PAGE, PAGES, CACHED = 16, 9, 100
+PROMPT_LEN = 64
 IMPL = "auto"  # Pallas kernels on a GPU, the XLA path elsewhere (as the generate programs choose)
 
 
@@ -61,7 +60,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
     from jaxserve.models.transformer import forward
     from jaxserve.sampling import SamplingBatch
     from jaxserve.models.attention_backends import new_kv_pool
-    from jaxserve.speculative.round import RoundInputs, _multi_token_meta, draft_propose, spec_round, target_verify
+    from jaxserve.speculative.round import RoundInputs, multi_token_meta, draft_propose, spec_round, target_verify
 
     (tcfg, tp), (dcfg, dp) = target, draft
     tables = jnp.arange(PAGES, dtype=jnp.int32)[None]
@@ -75,7 +74,7 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
     # each body carries (target pool, draft pool, a token) so that nothing it computes is dead code
     def decode(tpool, dpool, tok):
         logits, tpool = forward(tp, tcfg, tok, inputs.positions, tpool,
-                                _multi_token_meta(inputs, inputs.positions[:, None], PAGE), attention_impl=IMPL)
+                                multi_token_meta(inputs, inputs.positions[:, None], PAGE), attention_impl=IMPL)
         return tpool, dpool, jnp.argmax(logits, -1).astype(jnp.int32)
 
     def verify(tpool, dpool, tok):
@@ -115,12 +114,12 @@ def parts(target, draft, gamma: int, reps: int, inner: int, touch_mib: tuple[flo
 
 
 def program(target, draft, tokenizer, gamma: int, calls: int, num_prompts: int, reference=None, head=None) -> dict:
-    from experiments.spec_decoding.config import CONFIG
-    from experiments.spec_decoding.run import make_prompts
     from jaxserve.speculative.generate import speculative_generate, target_only_generate
+    from jaxserve.train.data import prompt_windows
 
     (tcfg, tp), (dcfg, dp) = target, draft
-    prompts = make_prompts(CONFIG, tokenizer, tcfg.vocab_size, 1)[:num_prompts]
+    # The spec_decoding experiment's batch-1 prompts: 64-token val windows, seed = its seed 0 + batch 1.
+    prompts = prompt_windows(tokenizer, tcfg.vocab_size, num_prompts, PROMPT_LEN, seed=1)[:, None]  # [N, 1, L]
     lens = np.full(1, prompts.shape[-1])
     kw = dict(temperature=0.0, seeds=np.zeros(1, int), eos_token_id=None)
     rounds = {}

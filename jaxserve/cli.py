@@ -4,32 +4,21 @@ Thin: parse, call the library."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from jaxserve.config import EngineConfig, apply_overrides
-
-
-@dataclasses.dataclass(frozen=True)
-class CliConfig:
-    engine: EngineConfig = EngineConfig()
-
-
-def _engine_from_overrides(overrides: list[str]) -> dict:
-    engine = apply_overrides(CliConfig(), overrides).engine
-    return {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
+from jaxserve.config import engine_kwargs
 
 
 def _llm(args):
-    from jaxserve import LLM
+    from jaxserve.engine.llm import LLM
     from jaxserve.speculative.config import SpeculativeConfig
     speculative = None if args.speculative_config is None else SpeculativeConfig.from_json(args.speculative_config)
     return LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
-               **_engine_from_overrides(args.overrides))
+               **engine_kwargs(args.overrides))
 
 
 def _sampling_params(args, n: int = 1):
-    from jaxserve import SamplingParams
+    from jaxserve.sampling_params import SamplingParams
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, n=n)
 

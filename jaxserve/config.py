@@ -18,7 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
-ROPE_TYPES = ("default", "linear", "llama3")  # see jaxserve/models/layers.py: rope_inv_freq
+ROPE_TYPES = ("default", "linear", "llama3")  # see jaxserve/layers.py: rope_inv_freq
 LAYER_TYPES = ("full_attention", "sliding_attention")
 HIDDEN_ACTS = ("silu", "gelu_tanh")  # SwiGLU | GeGLU with tanh-approximated GELU (Gemma)
 
@@ -262,6 +262,18 @@ def apply_overrides(config: Any, overrides: Sequence[str]) -> Any:
         except OmegaConfBaseException as e:
             raise ValueError(f"bad override {item!r}: {str(e).splitlines()[0]}") from None
     return _to_dataclass(type(config), OmegaConf.to_container(base, resolve=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOverrides:
+    """The ``engine.*`` namespace of command-line overrides (``engine.block_size=32``)."""
+    engine: EngineConfig = EngineConfig()
+
+
+def engine_kwargs(overrides: Sequence[str]) -> dict[str, Any]:
+    """``LLM`` keyword arguments (every ``EngineConfig`` field) from dotted ``engine.*`` overrides."""
+    engine = apply_overrides(EngineOverrides(), overrides).engine
+    return {f.name: getattr(engine, f.name) for f in dataclasses.fields(engine)}
 
 
 def _to_dataclass(cls, data: dict) -> Any:

@@ -14,7 +14,7 @@ import sys
 
 import jax
 
-from jaxserve.checkpoint import load_model
+from jaxserve.models.checkpoint import load_model
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train import zoo
 from jaxserve.train.data import encode_split

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxserve.checkpoint import CheckpointError, verify_manifest, write_manifest
+from jaxserve.models.checkpoint import CheckpointError, verify_manifest, write_manifest
 from jaxserve.zoo import trained_models, zoo_path
 
 

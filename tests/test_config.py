@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from jaxserve.config import EngineConfig, ModelConfig, apply_overrides
+from jaxserve.config import EngineConfig, ModelConfig, apply_overrides, engine_kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +43,11 @@ def test_configs_are_frozen():
 def test_invalid_model_config(field, value):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**{field: value})
+
+
+def test_engine_kwargs_are_every_engine_field_with_the_overrides_applied():
+    kwargs = engine_kwargs(["engine.block_size=32", "engine.enable_prefix_caching=false"])
+    assert EngineConfig(**kwargs) == EngineConfig(block_size=32, enable_prefix_caching=False)
+    assert set(kwargs) == {f.name for f in dataclasses.fields(EngineConfig)}
+    with pytest.raises(ValueError, match="model.num_layers=2"):  # only the engine namespace exists here
+        engine_kwargs(["model.num_layers=2"])

@@ -1,14 +1,14 @@
 """Configuration of the roofline experiment (override with key=value; lists as [a,b])."""
 import dataclasses
 
-from jaxserve import perfmodel
+from experiments.blackwell_roofline import perfmodel
 
 DEVICES = ("cpu", "gpu", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class RooflineConfig:
-    # --- predictions (jaxserve.perfmodel; pure arithmetic, milliseconds) ---
+    # --- predictions (experiments.blackwell_roofline.perfmodel; pure arithmetic, milliseconds) ---
     hardware: tuple[str, ...] = ("h100", "h200", "b200")  # keys of perfmodel.HARDWARE
     models: tuple[str, ...] = ("llama3-70b", "mixtral-8x7b", "deepseek-v3")  # keys of perfmodel.MODELS
     formats: tuple[str, ...] = ("bf16", "fp8", "nvfp4")  # weights and KV cache both; mxfp4 also known

@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import time_fn
+from jaxserve.bench.timing import time_fn
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.sampling_params import SamplingParams
@@ -25,7 +25,7 @@ def device_ceilings(nbytes: int, matmul_n: int, dtype: str, iters: int) -> dict:
     the FLOP/s of an n x n x n matmul in ``dtype``, on JAX's default device.
 
     The update donates its input: a decode step updates its donated KV pool in place, and on CPU a
-    fresh output buffer per call (benchmarks.timing.copy_bandwidth) measures page faults instead
+    fresh output buffer per call (jaxserve.bench.timing.copy_bandwidth) measures page faults instead
     (2.3 vs 7.9 GB/s at 256 MiB on this machine, load 11)."""
     x = jnp.ones((nbytes // 4,), jnp.float32)
     read_s = time_fn(jax.jit(jnp.sum), x, iters=iters)

@@ -1,4 +1,4 @@
-"""Roofline model of LLM decode on H100, H200 and B200 at BF16, FP8 and NVFP4 (jaxserve.perfmodel).
+"""Roofline model of LLM decode on H100, H200 and B200 at BF16, FP8 and NVFP4 (perfmodel.py).
 
 Predicts decode tokens/s per GPU against batch size, the batch at which decode turns
 compute-bound, KV capacity in concurrent requests and the tensor-parallel degree needed to fit,
@@ -8,7 +8,7 @@ checks the model against jaxserve's own measured decode step on this machine (va
 from __future__ import annotations
 
 from experiments.blackwell_roofline.validate import check_device, validate
-from jaxserve import perfmodel as pm
+from experiments.blackwell_roofline import perfmodel as pm
 
 _STYLE = {"bf16": "-", "fp8": "--", "nvfp4": ":", "mxfp4": "-."}
 
@@ -19,7 +19,7 @@ def run(cfg, out) -> None:
              f"peaks (dense, no sparsity) and no launch or scheduling overhead, so an upper bound on throughput. "
              f"Each sequence attends to {cfg.context} tokens; weights and KV cache in the named format "
              f"(NVFP4 = 4.5 bits/element with its E4M3 per-16 scales; embeddings, LM head, norms and "
-             f"routers stay BF16). FP4 on Hopper runs on the FP8 tensor cores. See jaxserve/perfmodel.py.")
+             f"routers stay BF16). FP4 on Hopper runs on the FP8 tensor cores. See perfmodel.py beside this script.")
     seed_claims(cfg, out)
     model_table(out)
     predictions(cfg, out)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from experiments.blackwell_roofline.measure import device_ceilings, time_decode_step
-from jaxserve import perfmodel as pm
+from experiments.blackwell_roofline import perfmodel as pm
 from jaxserve.models import get_preset, init_params
 
 _FORMATS = {"float32": "fp32", "bfloat16": "bf16"}

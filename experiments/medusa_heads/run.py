@@ -15,7 +15,7 @@ from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import resolve_model
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, save_heads
-from jaxserve.speculative.medusa_train import evaluate, make_optimizer, train_step, window_length
+from experiments.medusa_heads.training import evaluate, make_optimizer, train_step, window_length
 
 PRESET = "preset:"
 

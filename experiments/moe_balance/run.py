@@ -13,7 +13,7 @@ import optax
 from jaxserve.config import ModelConfig
 from jaxserve.models.transformer import init_params
 from jaxserve.moe import init_router_state
-from jaxserve.moe.training import evaluate_balance, make_moe_train_step
+from jaxserve.train.moe import evaluate_balance, make_moe_train_step
 from jaxserve.train.corpus import load_documents
 from jaxserve.train.data import windows
 

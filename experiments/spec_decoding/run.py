@@ -23,10 +23,11 @@ import numpy as np
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model, widen_mlp, with_matmul_dtype
-from jaxserve.speculative.benchmark import measure_engine_point, measure_point
+from experiments.spec_decoding.measure import measure_engine_point, measure_point
 from jaxserve.speculative.draft_vocab import restrict_head
 from jaxserve.speculative.token_counts import load_counts, most_frequent
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_heads
+from jaxserve.train.data import prompt_windows
 
 PRESET = "preset:"
 COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "prompts": "prompts", "gamma": "γ",
@@ -53,13 +54,8 @@ def load(name: str, seed: int, matmul_dtype: str | None = None):
 def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
     """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) prompt sets (each timed on its own)."""
     sets = -(-cfg.min_prompts // batch)
-    rng = np.random.default_rng(cfg.seed + batch)
-    if tokenizer is None:
-        return rng.integers(0, vocab, (sets, batch, cfg.prompt_len))
-    from jaxserve.train.data import encode_split
-    stream = encode_split(tokenizer, None, "val", max_tokens=200_000)
-    starts = rng.integers(0, len(stream) - cfg.prompt_len, sets * batch)
-    return np.stack([stream[s:s + cfg.prompt_len] for s in starts]).reshape(sets, batch, cfg.prompt_len)
+    prompts = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len, cfg.seed + batch)
+    return prompts.reshape(sets, batch, cfg.prompt_len)
 
 
 def proposers(cfg, tcfg, tparams):

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from jaxserve.bench.null_runner import NullRunner
-from jaxserve.bench.serving import TimedRequest, serve
+from experiments.vllm_paged.serving import TimedRequest, serve
 from jaxserve.bench.workload import make_workload, poisson_arrivals
 from jaxserve.config import EngineConfig
 from jaxserve.engine.beam_search import beam_search

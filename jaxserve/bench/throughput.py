@@ -49,9 +49,10 @@ def _load(model: str, seed: int):
 
 
 def run_jaxserve(config, params, requests, max_model_len, overrides, speculative=None, tokenizer=None) -> dict:
-    from jaxserve import LLM, SamplingParams
-    from jaxserve.cli import _engine_from_overrides
-    engine = {**_engine_from_overrides(overrides), "max_model_len": max_model_len}
+    from jaxserve.engine.llm import LLM
+    from jaxserve.sampling_params import SamplingParams
+    from jaxserve.config import engine_kwargs
+    engine = {**engine_kwargs(overrides), "max_model_len": max_model_len}
     llm = LLM.from_params(config, params, tokenizer, speculative=speculative, **engine)
     sps = [SamplingParams(max_tokens=r.output_len, temperature=0, ignore_eos=True) for r in requests]
     # Warm-up compiles every shape bucket (a speculative engine: its fill, round and copy programs),

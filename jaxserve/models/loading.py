@@ -6,7 +6,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 
-from jaxserve.checkpoint import is_checkpoint, load_model
+from jaxserve.models.checkpoint import is_checkpoint, load_model
 from jaxserve.models.hf import load_hf
 from jaxserve.models.transformer import param_shapes
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer

@@ -27,7 +27,8 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, attend, causal_attention
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.models.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
+from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
+from jaxserve.moe.layer import MoEBlock
 
 _INIT = nn.initializers.normal(0.02)
 
@@ -98,7 +99,6 @@ class DecoderLayer(nn.Module):
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
-            from jaxserve.moe.layer import MoEBlock  # here: jaxserve.moe imports models.layers
             return lambda h: MoEBlock(c, name="mlp")(h)[0]
         return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, c.hidden_act, name="mlp")
 

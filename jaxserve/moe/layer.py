@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.config import ModelConfig
-from jaxserve.models.layers import SwiGLU
+from jaxserve.layers import SwiGLU
 from jaxserve.moe.balancing import RouterStats, expert_load
 from jaxserve.moe.experts import capacity_experts, ragged_experts
 from jaxserve.moe.routers import route

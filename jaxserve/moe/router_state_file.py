@@ -1,6 +1,6 @@
 """An MoE model's router state (loss-free balancing selection biases) as a JSON file beside its checkpoint.
 
-The biases are state, not parameters (``jaxserve/moe/balancing.py``), so ``jaxserve.checkpoint``
+The biases are state, not parameters (``jaxserve/moe/balancing.py``), so ``jaxserve.models.checkpoint``
 does not store them; a model trained with loss-free balancing keeps them in
 ``<checkpoint>/router_state.json`` (``{"layers_0": {"mlp": {"bias": [E floats]}}, ...}``), read back
 exactly (float32 values printed with enough digits to round-trip).

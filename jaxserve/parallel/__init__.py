@@ -1,5 +1,18 @@
 """Parallelism: meshes with named axes, sharding rules for params, multi-process start-up."""
-from jaxserve.parallel.mesh import make_mesh, require_axis
-from jaxserve.parallel.sharding import DEFAULT_RULES, param_specs, shard_params, spec_for, token_axes
+from typing import TYPE_CHECKING
 
-__all__ = ["DEFAULT_RULES", "make_mesh", "param_specs", "require_axis", "shard_params", "spec_for", "token_axes"]
+from jaxserve.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "DEFAULT_RULES": "jaxserve.parallel.sharding",
+    "make_mesh": "jaxserve.parallel.mesh",
+    "param_specs": "jaxserve.parallel.sharding",
+    "require_axis": "jaxserve.parallel.mesh",
+    "shard_params": "jaxserve.parallel.sharding",
+    "spec_for": "jaxserve.parallel.sharding",
+    "token_axes": "jaxserve.parallel.sharding",
+})
+
+if TYPE_CHECKING:
+    from jaxserve.parallel.mesh import make_mesh, require_axis
+    from jaxserve.parallel.sharding import DEFAULT_RULES, param_specs, shard_params, spec_for, token_axes

@@ -38,11 +38,30 @@ generating inside ``with use_quantized_matmul("reference"):`` gives the same gre
 engine on ``dequantize_params(...)`` of those params: the engine passes the QuantizedTensor pytree
 through its jit, donation and buckets unchanged.
 """
-from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, matmul_context, quantized_apply,
-                                   quantized_matmul, use_quantized_matmul)
-from jaxserve.quant.params import (DEFAULT_EXCLUDE, QuantizationReport, dequantize_params, is_quantized,
-                                   kernel_plan, quantization_report, quantize_params, weight_bytes)
+from typing import TYPE_CHECKING
 
-__all__ = ["DEFAULT_EXCLUDE", "IMPLS", "MatmulSettings", "QuantizationReport", "current_settings",
-           "dequantize_params", "is_quantized", "kernel_plan", "matmul_context", "quantization_report",
-           "quantize_params", "quantized_apply", "quantized_matmul", "use_quantized_matmul", "weight_bytes"]
+from jaxserve.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "DEFAULT_EXCLUDE": "jaxserve.quant.params",
+    "IMPLS": "jaxserve.quant.matmul",
+    "MatmulSettings": "jaxserve.quant.matmul",
+    "QuantizationReport": "jaxserve.quant.params",
+    "current_settings": "jaxserve.quant.matmul",
+    "dequantize_params": "jaxserve.quant.params",
+    "is_quantized": "jaxserve.quant.params",
+    "kernel_plan": "jaxserve.quant.params",
+    "matmul_context": "jaxserve.quant.matmul",
+    "quantization_report": "jaxserve.quant.params",
+    "quantize_params": "jaxserve.quant.params",
+    "quantized_apply": "jaxserve.quant.matmul",
+    "quantized_matmul": "jaxserve.quant.matmul",
+    "use_quantized_matmul": "jaxserve.quant.matmul",
+    "weight_bytes": "jaxserve.quant.params",
+})
+
+if TYPE_CHECKING:
+    from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, matmul_context, quantized_apply,
+                                       quantized_matmul, use_quantized_matmul)
+    from jaxserve.quant.params import (DEFAULT_EXCLUDE, QuantizationReport, dequantize_params, is_quantized,
+                                       kernel_plan, quantization_report, quantize_params, weight_bytes)

@@ -13,9 +13,9 @@ import numpy as np
 
 from jaxserve.config import ModelConfig
 from jaxserve.models import forward_full
+from jaxserve.models.likelihood import token_nll
 from jaxserve.quant.matmul import MatmulSettings, matmul_context
 from jaxserve.quant.params import DEFAULT_EXCLUDE, QUANTIZE, kernel_plan, leaf_path, path_matches
-from jaxserve.train.step import token_nll
 from pallas_kernels.fp4.quant_error import VARIANTS, quantization_error
 
 

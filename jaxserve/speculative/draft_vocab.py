@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from jaxserve.config import ModelConfig
-from jaxserve.models.layers import dense_dot
+from jaxserve.layers import dense_dot
 
 
 @struct.dataclass

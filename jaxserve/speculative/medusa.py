@@ -29,7 +29,7 @@ from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.rejection import round_uniforms
-from jaxserve.speculative.round import RoundInputs, RoundOutputs, _multi_token_meta, accept_and_advance
+from jaxserve.speculative.round import RoundInputs, RoundOutputs, multi_token_meta, accept_and_advance
 
 CONFIG_FILE, PARAMS_FILE = "medusa_config.json", "medusa_params.npz"
 
@@ -93,7 +93,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        _multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl)
+        multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl)
     r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, None)
     # the hidden at L + n produced the new last token: the heads read it next round
     nxt = hid.reshape(b, gamma + 1, -1)[jnp.arange(b), r.num_accepted]

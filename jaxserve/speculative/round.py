@@ -65,7 +65,7 @@ def slots_for(block_tables: jax.Array, positions: jax.Array, block_size: int, ac
     return jnp.where(active[:, None], slots, -1).reshape(-1)
 
 
-def _multi_token_meta(inputs: RoundInputs, positions: jax.Array, block_size: int) -> AttentionMetadata:
+def multi_token_meta(inputs: RoundInputs, positions: jax.Array, block_size: int) -> AttentionMetadata:
     """Metadata for n new tokens per row at positions i32[B, n] (contiguous, ending at context-1)."""
     b, n = positions.shape
     return AttentionMetadata(slot_mapping=slots_for(inputs.block_tables, positions, block_size, inputs.active),
@@ -130,7 +130,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     pos = jnp.stack([inputs.positions - 1, inputs.positions], axis=1)
     toks = jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
     out, pool = _draft_forward(params, config, head, toks.reshape(-1), pos.reshape(-1), pool,
-                               _multi_token_meta(inputs, pos, block_size), attention_impl,
+                               multi_token_meta(inputs, pos, block_size), attention_impl,
                                logits_indices=jnp.arange(b) * 2 + 1)
     all_greedy = jnp.all(inputs.sampling.temperature <= 0)
     x, q = _draft_draw(out, uniforms[:, 0], inputs.sampling, all_greedy, head, params, config)
@@ -142,7 +142,7 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     for j in range(1, uniforms.shape[1]):
         pos = (inputs.positions + j)[:, None]
         out, pool = _draft_forward(params, config, head, tokens[-1], pos[:, 0], pool,
-                                   _multi_token_meta(inputs, pos, block_size), attention_impl)
+                                   multi_token_meta(inputs, pos, block_size), attention_impl)
         x, q = _draft_draw(out, uniforms[:, j], inputs.sampling, all_greedy, head, params, config)
         tokens.append(x)
         probs.append(q)
@@ -158,7 +158,7 @@ def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
     logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
-                           _multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl)
+                           multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl)
     return logits.reshape(b, g + 1, -1), pool
 
 

@@ -23,6 +23,17 @@ def encode_split(tokenizer: Tokenizer, corpus: str | None, split: str, max_token
     return stream[:max_tokens] if max_tokens else stream
 
 
+def prompt_windows(tokenizer: Tokenizer | None, vocab_size: int, count: int, length: int, seed: int) -> np.ndarray:
+    """i32[count, length] prompts: windows at random starts of the pycode val split's token stream (its
+    first 200k tokens); without a tokenizer, random ids in [0, vocab_size). Seeded by ``seed``."""
+    rng = np.random.default_rng(seed)
+    if tokenizer is None:
+        return rng.integers(0, vocab_size, (count, length))
+    stream = encode_split(tokenizer, None, "val", max_tokens=200_000)
+    starts = rng.integers(0, len(stream) - length, count)
+    return np.stack([stream[s:s + length] for s in starts])
+
+
 def windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     """Non-overlapping windows i32[W, seq_len + 1] (stride seq_len) of a token stream."""
     n = (len(stream) - 1) // seq_len

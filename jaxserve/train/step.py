@@ -22,9 +22,9 @@ import numpy as np
 import optax
 
 from jaxserve.config import ModelConfig
-from jaxserve.models import forward_full
 from jaxserve.moe.balancing import layer_loads, max_violation, update_router_state
-from jaxserve.moe.training import nll_and_stats
+from jaxserve.models import forward_full
+from jaxserve.models.likelihood import nll_and_stats, token_nll
 from jaxserve.train.config import TrainConfig
 
 
@@ -36,12 +36,6 @@ def make_optimizer(tc: TrainConfig) -> tuple[optax.GradientTransformation, optax
     opt = optax.chain(optax.clip_by_global_norm(tc.grad_clip),
                       optax.adamw(schedule, tc.b1, tc.b2, weight_decay=tc.weight_decay, mask=decay_mask))
     return opt, schedule
-
-
-def token_nll(params: dict, config: ModelConfig, windows: jax.Array, router_state: dict | None = None) -> jax.Array:
-    """Next-token negative log-likelihood f32[B, L-1] of windows i32[B, L]."""
-    logits = forward_full(params, config, windows[:, :-1], router_state=router_state or None)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
 
 
 def optimizer_fields(tc: TrainConfig) -> TrainConfig:

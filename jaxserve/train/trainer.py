@@ -19,11 +19,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from jaxserve.checkpoint import load_config, load_model, save_model, write_manifest
+from jaxserve.models.checkpoint import load_config, load_model, save_model, write_manifest
 from jaxserve.models import init_params, param_shapes
 from jaxserve.moe.balancing import init_router_state
 from jaxserve.moe.router_state_file import save_router_state
-from jaxserve.moe.training import evaluate_balance
+from jaxserve.train.moe import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from jaxserve.train import state as ckpt
 from jaxserve.train.config import TrainRunConfig

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxserve.checkpoint import load_config, load_model, save_model, write_manifest
+from jaxserve.models.checkpoint import load_config, load_model, save_model, write_manifest
 from jaxserve.models import forward_full
 from jaxserve.moe.router_state_file import ROUTER_STATE_FILE, load_router_state
-from jaxserve.moe.training import evaluate_balance
+from jaxserve.train.moe import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
 from jaxserve.train.data import encode_split, windows
 from jaxserve.train.step import evaluate

@@ -4,7 +4,7 @@ import pytest
 
 from jaxserve.config import ModelConfig
 from jaxserve.models.hf import config_from_hf
-from jaxserve.models.layers import rope_inv_freq
+from jaxserve.layers import rope_inv_freq
 
 BASE = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 4,
         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256}

@@ -7,7 +7,7 @@ import pytest
 
 from jaxserve.config import ModelConfig
 from jaxserve.models import forward_full, get_preset, init_params, param_shapes
-from jaxserve.models.layers import dense
+from jaxserve.layers import dense
 from jaxserve.models.loading import resolve_model, with_matmul_dtype
 
 CONFIG = get_preset("tiny-llama").replace(qkv_bias=True)  # a bias, to check it is not rounded

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxserve import SpeculativeConfig
-from jaxserve.checkpoint import write_manifest
+from jaxserve.models.checkpoint import write_manifest
 from jaxserve.engine.llm import _load_proposer
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model

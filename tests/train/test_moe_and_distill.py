@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.checkpoint import load_model, save_model
+from jaxserve.models.checkpoint import load_model, save_model
 from jaxserve.models import init_params
 from jaxserve.moe.balancing import init_router_state
 from jaxserve.moe.router_state_file import load_router_state
-from jaxserve.moe.training import make_moe_train_step
+from jaxserve.train.moe import make_moe_train_step
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train import train
 from jaxserve.train.data import BatchOrder, encode_split, windows

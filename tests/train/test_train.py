@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.checkpoint import load_model
+from jaxserve.models.checkpoint import load_model
 from jaxserve.train import parse_run_config, train
-from jaxserve.train.data import BatchOrder, windows
+from jaxserve.train.data import BatchOrder, encode_split, prompt_windows, windows
 from tests.train.conftest import with_train
 
 
@@ -58,6 +58,20 @@ def test_windows_cover_stream_with_shifted_targets():
     assert w.shape == (5, 5) and np.array_equal(w[1], [4, 5, 6, 7, 8])
     with pytest.raises(ValueError, match="too short"):
         windows(np.arange(3, dtype=np.int32), 4)
+
+
+def test_prompt_windows_are_seeded_slices_of_the_val_stream():
+    from jaxserve.tokenizer import load_tokenizer
+    from jaxserve.zoo import zoo_path
+    tok = load_tokenizer(zoo_path("tiny-code"))
+    prompts = prompt_windows(tok, tok.vocab_size, 3, 16, seed=1)
+    stream = encode_split(tok, None, "val", max_tokens=200_000)
+    slices = np.lib.stride_tricks.sliding_window_view(stream, 16)
+    starts = [np.flatnonzero((slices == p).all(axis=1)) for p in prompts]  # where each prompt stands
+    assert prompts.shape == (3, 16) and all(len(at) > 0 for at in starts)
+    np.testing.assert_array_equal(prompt_windows(tok, tok.vocab_size, 3, 16, seed=1), prompts)
+    ids = prompt_windows(None, 7, 4, 5, seed=0)  # no tokenizer: random ids below the vocabulary size
+    assert ids.shape == (4, 5) and ids.min() >= 0 and ids.max() < 7 and len(np.unique(ids)) > 1
 
 
 def test_parse_run_config_presets_and_overrides():

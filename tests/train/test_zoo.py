@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.checkpoint import load_model
+from jaxserve.models.checkpoint import load_model
 from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.models import forward_full, get_preset
 from jaxserve.tokenizer import load_tokenizer

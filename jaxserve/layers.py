@@ -1,4 +1,6 @@
-"""Building blocks shared by the model family: dense layers, RMSNorm, rotary embeddings, the gated MLP."""
+"""Building blocks shared by the model family and the MoE layers: dense layers, RMSNorm, rotary embeddings,
+the gated MLP. Below both ``jaxserve.models`` and ``jaxserve.moe`` (the MoE block builds its shared experts
+from ``SwiGLU``), so neither package imports the other for them."""
 from __future__ import annotations
 
 import flax.linen as nn

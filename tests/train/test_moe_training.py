@@ -6,7 +6,7 @@ import pytest
 
 from jaxserve.models.transformer import init_params
 from jaxserve.moe import init_router_state
-from jaxserve.moe.training import make_moe_train_step
+from jaxserve.train.moe import make_moe_train_step
 from tests.moe.conftest import moe_config
 
 

@@ -1,8 +1,9 @@
-"""The roofline model (jaxserve.perfmodel): hand-computed cases, closed forms, invariants, published totals."""
+"""The roofline model (perfmodel.py of the blackwell_roofline experiment): hand-computed cases, closed forms,
+invariants, published totals."""
 import numpy as np
 import pytest
 
-from jaxserve import perfmodel as pm
+from experiments.blackwell_roofline import perfmodel as pm
 
 MODELS = list(pm.MODELS.values())
 HARDWARE = list(pm.HARDWARE.values())

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxserve.bench.null_runner import NullRunner
-from jaxserve.bench.serving import TimedRequest, serve
+from experiments.vllm_paged.serving import TimedRequest, serve
 from jaxserve.bench.workload import make_workload, poisson_arrivals
 from jaxserve.config import EngineConfig
 from jaxserve.engine.llm_engine import LLMEngine

@@ -1,5 +1,6 @@
-"""Timing helpers shared by the benchmark scripts (imported from beside them; no jaxserve import,
-so they run on the GPU machine without jaxserve's dependencies)."""
+"""Timing helpers shared by the benchmark scripts and the experiments. Importing this module loads
+JAX and NumPy only (the package faces are lazy), so the kernel benchmarks run on the GPU machine
+without jaxserve's other dependencies (omegaconf, tokenizers, ...)."""
 from __future__ import annotations
 
 import statistics

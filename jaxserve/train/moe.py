@@ -17,21 +17,11 @@ import numpy as np
 import optax
 
 from jaxserve.config import ModelConfig
+from jaxserve.models.likelihood import nll_and_stats
 from jaxserve.moe.balancing import (accumulate_loads, aux_loss, layer_loads, max_violation,
                                     update_router_state)
 
 BALANCING = ("none", "aux", "loss_free")
-
-
-def nll_and_stats(params, router_state, config: ModelConfig, windows):
-    """Next-token NLL f32[B, L] of windows i32[B, L+1] and the forward's ``"moe_stats"`` collection."""
-    from jaxserve.models.transformer import Transformer  # here: models imports moe lazily too
-    tokens, targets = windows[:, :-1], windows[:, 1:]
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    (logits, _), st = Transformer(config).apply({"params": params, "router_state": router_state}, tokens,
-                                                positions, mutable=["moe_stats"])
-    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
-    return nll, st["moe_stats"]
 
 
 def make_moe_train_step(config: ModelConfig, optimizer: optax.GradientTransformation, balancing: str,

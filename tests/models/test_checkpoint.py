@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.checkpoint import CONFIG_FILE, MANIFEST_FILE, CheckpointError, load_model, save_model, write_manifest
+from jaxserve.models.checkpoint import CONFIG_FILE, MANIFEST_FILE, CheckpointError, load_model, save_model, write_manifest
 from jaxserve.models import get_preset, init_params
 
 
@@ -216,7 +216,7 @@ def test_killed_save_blocks_nothing(saved, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", __import__("jaxserve.zoo", fromlist=["x"]).trained_models())
 def test_zoo_checkpoints_carry_a_manifest_that_matches(name):
-    from jaxserve.checkpoint import verify_manifest
+    from jaxserve.models.checkpoint import verify_manifest
     from jaxserve.zoo import zoo_path
     path = zoo_path(name)
     assert verify_manifest(path)

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxserve.speculative.benchmark import _decode_speedup, _interleaved, _per_set, _timed_sets
+from experiments.spec_decoding.measure import _decode_speedup, _interleaved, _per_set, _timed_sets
 
 
 def test_interleaved_warms_each_call_then_alternates_and_keeps_the_fastest():

@@ -96,7 +96,7 @@ def verify_manifest(path: str | pathlib.Path) -> bool:
     path = pathlib.Path(path)
     if not (path / MANIFEST_FILE).is_file():
         warnings.warn(f"checkpoint {path} has no {MANIFEST_FILE}: its integrity cannot be checked "
-                      "(jaxserve.checkpoint.write_manifest adds one)", UserWarning, stacklevel=3)
+                      "(jaxserve.models.checkpoint.write_manifest adds one)", UserWarning, stacklevel=3)
         return False
     files, config_hash = _read_manifest(path)
     for rel, want in files.items():
