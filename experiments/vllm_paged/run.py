@@ -13,12 +13,12 @@ import dataclasses
 import jax
 import numpy as np
 
-from jaxserve.bench.null_runner import NullRunner
+from experiments.vllm_paged.null_runner import NullRunner
 from experiments.vllm_paged.serving import TimedRequest, serve
 from jaxserve.bench.workload import make_workload, poisson_arrivals
 from jaxserve.config import EngineConfig
 from jaxserve.engine.beam_search import beam_search
-from jaxserve.engine.kv_accounting import block_sharing
+from experiments.vllm_paged.kv_accounting import block_sharing
 from jaxserve.engine.llm_engine import LLMEngine
 from jaxserve.models import get_preset, init_params
 from jaxserve.sampling_params import BeamSearchParams

@@ -9,7 +9,7 @@ wall time is noise; the wall seconds spent inside ``engine.step`` are recorded b
 After every step the driver samples the batch (requests that ran; ``mean_batch_saturated``
 averages it over the steps that left requests waiting: the steady-state concurrency when
 overloaded) and, every ``probe_every``
-steps, the KV memory breakdown (``jaxserve.engine.kv_accounting``), flagged ``saturated`` when
+steps, the KV memory breakdown (``experiments.vllm_paged.kv_accounting``), flagged ``saturated`` when
 requests were left waiting, and the blocks in use with and without sharing.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxserve.engine.kv_accounting import block_sharing, kv_breakdown
+from experiments.vllm_paged.kv_accounting import block_sharing, kv_breakdown
 from jaxserve.sampling_params import SamplingParams
 
 

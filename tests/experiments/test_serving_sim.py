@@ -3,7 +3,7 @@ and the synthetic workloads (no step program is compiled here)."""
 import numpy as np
 import pytest
 
-from jaxserve.bench.null_runner import NullRunner
+from experiments.vllm_paged.null_runner import NullRunner
 from experiments.vllm_paged.serving import TimedRequest, serve
 from jaxserve.bench.workload import make_workload, poisson_arrivals
 from jaxserve.config import EngineConfig

@@ -13,7 +13,7 @@ DEVICE_PACKAGES = ("jax", "jaxlib", "flax", "orbax", "optax")
 HOST_MODULES = [
     "jaxserve",  # the face alone: LLM and friends load on first use
     "jaxserve.cache.block_manager", "jaxserve.cache.prefix_cache", "jaxserve.cache.reservation",
-    "jaxserve.engine.sequence", "jaxserve.engine.scheduler", "jaxserve.engine.kv_accounting",
+    "jaxserve.engine.sequence", "jaxserve.engine.scheduler",
     "jaxserve.engine.outputs", "jaxserve.engine.streaming",
     "jaxserve.sampling_params", "jaxserve.config", "jaxserve.validation", "jaxserve.speculative.config",
     "jaxserve.tokenizer", "jaxserve.tokenizer_gguf", "jaxserve.chat_template",

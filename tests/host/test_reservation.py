@@ -8,7 +8,7 @@ from hypothesis import given, settings
 
 from host_fakes import FakeDevice, Params, make_scheduler
 from jaxserve.cache.reservation import ContiguousReservations, FirstFitAllocator, reservation_slots
-from jaxserve.engine.kv_accounting import kv_breakdown
+from experiments.vllm_paged.kv_accounting import kv_breakdown
 
 
 def test_reservation_sizes_follow_the_policies():
