@@ -1,6 +1,9 @@
 """Multi-query paged attention on the XLA path: the page loop vs one whole-table step, alone and in the model.
 
-    python benchmarks/attention_whole_table.py [--reps 30] [--out whole_table.json]
+    python benchmarks/attention_whole_table.py [--reps 30] [--out results/attention_whole_table/results.json]
+
+The committed figures are in ``results/attention_whole_table/results.json`` (``meta``: command, date,
+machine, git commit), rendered into ``benchmarks/RESULTS.md`` by ``scripts/results_tables.py``.
 
 ``uniform_paged_attention_online`` (γ+1 verify queries per sequence, the draft's two-token catch-up
 step) attends narrow block tables (<= ``WHOLE_TABLE_TOKENS``) in one step instead of a
@@ -20,7 +23,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
+import shlex
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -125,13 +132,17 @@ def main():
     ap.add_argument("--skip-op", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-                  machine=platform.processor() or platform.machine(), jax=jax.__version__,
-                  backend=jax.default_backend(), whole_table_tokens=online.WHOLE_TABLE_TOKENS)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = dict(benchmark="attention_whole_table", command=shlex.join(["python", *sys.argv]),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+                jax_version=jax.__version__, backend=jax.default_backend(), git_commit=commit)
+    result = dict(meta=meta, whole_table_tokens=online.WHOLE_TABLE_TOKENS)
     if not args.skip_op:
         result["op"] = op_grid(args.reps, args.inner)
     result["model"] = model_ab(args.reps, args.inner)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-call GPU check (shared/GPU.md): device and JAX info, compiled-kernel tests (pytest -m gpu),
+# One-call GPU check (docs/architecture.md, "Platforms"): device and JAX info, compiled-kernel tests (pytest -m gpu),
 # the benchmark scripts, JSON under $OUT, a short table last. Installs only the wheels carried in .whl/.
 #
 #   bash benchmarks/gpu_wheels.sh                   # here, once: omegaconf's wheel into .whl/ (ignored by git)

@@ -50,7 +50,7 @@ class ModelConfig:
     # their kernels are stored in it (MoE expert banks are not Dense layers: they compute in dtype).
     # "bfloat16" on a float32 model is TPU's default matmul precision, or torch.autocast(bfloat16) for
     # Linear layers: on the 2-core Zen 4 (AVX512-BF16) batch-1 decoding runs ~1.2x faster
-    # (benchmarks/RESULTS.md, "bfloat16 matmuls")
+    # (`git show f5419a8:benchmarks/RESULTS.md`, "bfloat16 matmuls")
     matmul_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None

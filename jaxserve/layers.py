@@ -20,7 +20,7 @@ def dot_via(matmul_dtype):
     kernel as it is, but runs one-row dots in its own float32 code, converting the whole kernel first, on
     every engine step (a loop hoists it). Batch-1 decoding on the 2-core Zen 4, one process alternating:
     a plain engine 554.7 ms (float32) / 753.5 (one row) / 467.6 (two rows); while-loop target-only
-    537.0 / 615.5 / 433.4 ms (benchmarks/RESULTS.md, "bfloat16 matmuls").
+    537.0 / 615.5 / 433.4 ms (`git show f5419a8:benchmarks/RESULTS.md`, "bfloat16 matmuls").
     """
     def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
         del preferred_element_type

@@ -6,7 +6,7 @@ can neither show nor rule out a goal near the noise. Run the same command into `
 ``run2``, ... and this tabulates, per (path, method, temperature, batch, γ), the median and range over
 the runs of the end-to-end and decode-phase speedups, and the same for each run's best γ.
 
-    python -m experiments.spec_decoding.across_runs results/spec_decoding/batch1_greedy_processes
+    python -m experiments.spec_decoding.across_runs results/spec_decoding/batch1_greedy_processes_interleaved/vocab1024
 
 prints the table and writes it to ``<folder>/ACROSS_RUNS.md``.
 """

@@ -33,7 +33,7 @@ class SpecDecodingConfig:
     block_size: int = 16
     # both models' Dense dot operands, float32 sums (null: the zoo's float32 throughout). "bfloat16" makes
     # both sides ~1.25x faster on a CPU with AVX512-BF16 and leaves their ratio where it was
-    # (benchmarks/RESULTS.md, "bfloat16 matmuls")
+    # (`git show f5419a8:benchmarks/RESULTS.md`, "bfloat16 matmuls")
     matmul_dtype: Optional[str] = None
     # the draft's, when not matmul_dtype's (null: the same). The zoo draft is faster in float32 next to a
     # bf16-matmul target (its one-row dots are tiny); only acceptance depends on it

@@ -9,9 +9,9 @@ draft proposes only those tokens. Greedy continuations are dominated by frequent
 greedy continuations of the benchmark prompts lie entirely within the 1024 most frequent of 4096), sampled
 ones much less so, so the restriction applies to rounds in which every row is greedy: a round with a sampled
 row drafts from the whole head, as FR-Spec's restricted sampling cost the zoo pair acceptance at temperature 1
-(α 0.83-0.87 -> 0.72-0.78 with 1024 of 4096; benchmarks/RESULTS.md). The output is exactly the target's either
-way: greedy verification never depends on the draft, and a sampled proposal's q is the distribution it was
-drawn from.
+(α 0.83-0.87 -> 0.72-0.78 with 1024 of 4096; `git show f5419a8:benchmarks/RESULTS.md`). The output is exactly
+the target's either way: greedy verification never depends on the draft, and a sampled proposal's q is the
+distribution it was drawn from.
 """
 from __future__ import annotations
 
