@@ -36,7 +36,7 @@ class EngineLoop:
         self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) per step
         self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "requests_finished_total": 0,
                           "requests_aborted_total": 0, "steps_total": 0, "peak_running": 0}
-        self._stats = {**engine.stats(), **self._counters, "tokens_per_s": 0.0}
+        self._stats = {**engine.stats(), **self._counters, "tokens_per_s": 0.0, "num_live": 0}
 
     # ---- any thread ---------------------------------------------------------------------------
 

@@ -66,8 +66,9 @@ def test_logprobs_match_generate(client, served):
 
 def test_stop_strings_and_stop_token_ids(client, served):
     ref = served.greedy[PROMPTS[0]].outputs[0]
-    stop = ref.text[4:6]  # two characters that first occur at or after 4 ...
+    stop = ref.text[4:6]  # two characters, maybe inside one token: the text ends just before them
     cut = ref.text.find(stop)
+    assert 0 < cut < len(ref.text) - len(stop)
     for stream in (False, True):
         out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                         stop=[stop, "\x00never"], stream=stream)
