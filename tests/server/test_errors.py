@@ -89,3 +89,28 @@ def test_health_and_unknown_route(served):
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}  # no key needed
     r = httpx.get(served.url + "/v1/nothing", headers=AUTH)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_a_failing_step_is_a_500_and_the_server_goes_on(http, served, monkeypatch):
+    engine, real_step = served.loop.engine, served.loop.engine.step
+    calls = []
+
+    def failing_step():  # fails once, before touching any state, as a device error would
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("device lost")
+        return real_step()
+
+    body = {**OK, "max_tokens": MAX_TOKENS, "temperature": 0}
+    monkeypatch.setattr(engine, "step", failing_step)
+    r = http.post("/completions", json=body, headers=AUTH)
+    assert r.status_code == 500
+    assert r.json()["error"] == {"message": "engine step failed: RuntimeError: device lost", "type": "server_error",
+                                 "param": None, "code": None}
+    assert served.wait_idle()["kv_blocks_free"] == served.loop.stats()["kv_blocks_total"]
+    calls.clear()
+    with http.stream("POST", "/completions", json={**body, "stream": True}, headers=AUTH) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert r.status_code == 200 and "device lost" in events[-2] and events[-1] == "data: [DONE]"
+    r = http.post("/completions", json=body, headers=AUTH)
+    assert r.json()["choices"][0]["text"] == served.greedy[PROMPTS[0]].outputs[0].text
