@@ -1,4 +1,5 @@
-"""The ``jaxserve`` command: ``generate``, ``chat`` (interactive), ``bench`` for measurements.
+"""The ``jaxserve`` command: ``generate``, ``chat`` (interactive), ``serve`` (an OpenAI-compatible server),
+``bench`` for measurements.
 
 Thin: parse, call the library."""
 from __future__ import annotations
@@ -72,16 +73,35 @@ def cmd_chat(args) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_serve(args) -> int:
+    """Loads the model, compiles its step programs (unless --no-warmup), and serves until interrupted."""
+    import os
+    from jaxserve.server import serve
+    api_key = args.api_key or os.environ.get("JAXSERVE_API_KEY")
+    llm = _llm(args)
+    if not args.no_warmup:
+        llm.warmup()
+    serve(llm, args.served_model_name or args.model, host=args.host, port=args.port, api_key=api_key,
+          log_level=args.log_level)
+    return 0
+
+
+BENCHMARKS = ("throughput", "serve")
+
+
 def cmd_bench(args) -> int:
-    if not args.rest or args.rest[0] != "throughput":
-        raise ValueError(f"unknown benchmark {args.rest[0] if args.rest else ''!r}; available: throughput")
+    if not args.rest or args.rest[0] not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {args.rest[0] if args.rest else ''!r}; available: {', '.join(BENCHMARKS)}")
+    if args.rest[0] == "serve":
+        from jaxserve.bench import serve
+        return serve.main(args.rest[1:])
     from jaxserve.bench import throughput
     return throughput.main(args.rest[1:])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxserve", description="JAX/Pallas LLM serving research framework.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,chat,serve,bench}")
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     _model_arguments(gen, max_tokens=64)
     gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for a batch)")
@@ -92,10 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="an interactive conversation, the reply streamed (/exit to quit)")
     _model_arguments(chat, max_tokens=256)
     chat.set_defaults(func=cmd_chat)
-    bench = sub.add_parser("bench", help="benchmarks: `jaxserve bench throughput --help`", add_help=False)
+    _serve_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks: `jaxserve bench throughput --help`, `jaxserve bench serve "
+                                         "--help`", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    serve.add_argument("model", help="zoo name (smollm2-135m-instruct, jaxserve/tiny-code, ...), a .gguf file, a "
+                                     "jaxserve checkpoint dir or a local HF dir")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 (default: $JAXSERVE_API_KEY, else none)")
+    serve.add_argument("--served-model-name", default=None, help="the name clients pass as model (default: MODEL)")
+    serve.add_argument("--no-warmup", action="store_true", help="compile step programs on first use, not at start")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _load_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
 
 
 def _model_arguments(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -109,6 +146,11 @@ def _model_arguments(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
     cmd.add_argument("--top-k", type=int, default=0)
     cmd.add_argument("--top-p", type=float, default=1.0)
     cmd.add_argument("--seed", type=int, default=None)
+    _load_arguments(cmd)
+
+
+def _load_arguments(cmd: argparse.ArgumentParser) -> None:
+    """How the model is loaded and the engine configured (shared by every command that builds an LLM)."""
     cmd.add_argument("--dtype", default=None, help="override the model dtype (float32, bfloat16)")
     cmd.add_argument("--matmul-dtype", default=None,
                      help="round the Dense layers' dot operands to this dtype, summing in float32 (bfloat16)")
@@ -121,7 +163,7 @@ def _model_arguments(cmd: argparse.ArgumentParser, max_tokens: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs a command; every user error (a bad value or type, a missing or corrupt file: ``ValueError``,
     ``TypeError``, ``OSError``, ``CheckpointError``) is ``jaxserve: error: ...`` on stderr and exit 2."""
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     try:
         return args.func(args)
     except (ValueError, TypeError, OSError) as e:
@@ -130,6 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("jaxserve: interrupted", file=sys.stderr)
         return 130
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parse_args``, except that overrides may also follow options (``serve MODEL --port 8001 engine.x=1``):
+    argparse takes one run of positionals, and ``parse_intermixed_args`` does not allow ``bench``'s REMAINDER."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _describe(e: BaseException) -> str:

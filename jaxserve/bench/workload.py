@@ -55,3 +55,16 @@ def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> np.ndarra
         raise ValueError(f"rate must be > 0, got {rate}")
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
     return np.cumsum(gaps) - gaps[0]
+
+
+def gamma_arrivals(rate: float, num_requests: int, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Arrival times f64[N] (from 0) whose gaps are Gamma(shape=burstiness, mean=1/rate), as ``vllm bench
+    serve`` draws them: burstiness 1 is a Poisson process, < 1 burstier, > 1 more even. ``rate=inf``: all at 0."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 (inf: every request at once), got {rate}")
+    if not (burstiness > 0 and np.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a finite number > 0, got {burstiness}")
+    if np.isinf(rate):
+        return np.zeros(num_requests)
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), num_requests)
+    return np.cumsum(gaps) - gaps[0]
