@@ -53,6 +53,14 @@ _WGMMA_M = 64
 _TARGET_CTAS = 264  # two waves' worth of an H200's 132 SMs: K splits are added up to this many CTAs
 MAX_M = 64  # "small M": one M tile; larger M runs, one 64-row tile per CTA, but is not what it is for
 BLOCK_NS = (64, 128)
+SMEM_BYTES = 232448  # an H100/H200 CTA's shared memory (227 KiB), which Mosaic GPU checks at lowering
+
+
+def smem_bytes(fmt, block_n, num_stages):
+    """Shared memory the kernel allocates (barriers aside): per stage x's two [64, R] bf16 tiles and
+    the [R, bn] codes and scales; the two bf16 weight tiles; the f32 output tile."""
+    r = 4 * (16 if fmt == "nvfp4" else 32)
+    return num_stages * (2 * _WGMMA_M * r * 2 + 2 * r * block_n) + 2 * r * block_n * 2 + _WGMMA_M * block_n * 4
 
 
 def _decode_scale(b, fmt):
@@ -212,6 +220,10 @@ def check_supported(x, w: QuantizedTensor, *, block_n=None, num_splits=None, num
         raise ValueError(f"fp4_matmul_mosaic: num_splits must be an int >= 1, got {num_splits!r}")
     if not isinstance(num_stages, int) or not 2 <= num_stages <= 4:
         raise ValueError(f"fp4_matmul_mosaic: num_stages must be 2, 3 or 4, got {num_stages!r}")
+    need = smem_bytes(w.fmt, block_n or 64, num_stages)
+    if need > SMEM_BYTES:
+        raise ValueError(f"fp4_matmul_mosaic: num_stages={num_stages} with block_n={block_n or 64} for {w.fmt} "
+                         f"needs {need} bytes of shared memory, over {SMEM_BYTES}; use fewer stages")
 
 
 def fp4_matmul_mosaic(x, w: QuantizedTensor, *, interpret=None, block_n=None, num_splits=None, num_stages=2,
