@@ -25,8 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _compat
-from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_reference
-from pallas_kernels.fp4.mosaic import fp4_matmul_mosaic
+from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_mosaic, fp4_matmul_reference
 
 IMPLS = ("auto", "pallas", "mosaic", "reference")
 KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
