@@ -86,6 +86,13 @@ def test_smem_estimate_is_what_lowering_counts():
     assert mosaic.smem_bytes("mxfp4", 128, 3) > mosaic.SMEM_BYTES >= mosaic.smem_bytes("mxfp4", 128, 2)
 
 
+def test_minmax_e2m1_decode_equals_the_codec():
+    codes = jnp.arange(256, dtype=jnp.int32)  # high bits are ignored, as the kernel's >> 4 relies on
+    got, want = np.asarray(mosaic.decode_e2m1_minmax(codes)), np.asarray(fp4.decode_e2m1(codes))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_pick_tiles():
     assert mosaic.pick_tiles(1, 8192, 8192, "nvfp4") == (64, 2)     # 128 N tiles x 2 splits = 256 CTAs
     assert mosaic.pick_tiles(1, 2048, 8192, "nvfp4") == (64, 8)     # 32 x 8
