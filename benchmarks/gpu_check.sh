@@ -43,8 +43,9 @@ step() {
 step nvidia_smi 30 nvidia-smi
 step jax_info 120 python -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__); print(jax.devices())"
 MOSAIC_TESTS=tests/paged_attention/test_mosaic_kernel.py
+MOSAIC_FP4_TESTS=tests/fp4/test_fp4_mosaic.py
 step pytest_gpu 240 python -m pytest -m gpu tests/ -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
-  --ignore="$MOSAIC_TESTS" --junitxml="$OUT/pytest_gpu.xml"
+  --ignore="$MOSAIC_TESTS" --ignore="$MOSAIC_FP4_TESTS" --junitxml="$OUT/pytest_gpu.xml"
 step bench_paged_attention 150 python benchmarks/paged_attention.py --out "$OUT/paged_attention.json"
 if [[ -f benchmarks/fp4_matmul.py ]]; then
   step bench_fp4_matmul 100 python benchmarks/fp4_matmul.py --out "$OUT/fp4.json"
@@ -68,6 +69,14 @@ fi
 step pytest_gpu_mosaic 90 python -m pytest -m gpu "$MOSAIC_TESTS" -q -rfEs -p no:cacheprovider --continue-on-collection-errors
 step bench_mosaic 90 python benchmarks/paged_attention.py --impls mosaic,pallas,contiguous --limit 4 \
   --out "$OUT/paged_attention_mosaic.json"
+# The Mosaic FP4 matmul (never run on hardware either): compiled against dequantize-then-dot, then timed at
+# small M beside the portable (Triton) kernel, XLA's dequantize+dot and a bf16 dot (K = N = 8192).
+step pytest_gpu_mosaic_fp4 90 python -m pytest -m gpu "$MOSAIC_FP4_TESTS" -q -rfEs -p no:cacheprovider
+FP4_MOSAIC_IMPLS=bf16_dot,xla_dequant_dot,pallas_fp4_bfloat16,pallas_fp4_float32,mosaic_fp4
+step bench_fp4_mosaic 90 python benchmarks/fp4_matmul.py --impls "$FP4_MOSAIC_IMPLS" --m 1,4,16,64,128 --iters 10 \
+  --out "$OUT/fp4_mosaic.json"
+step bench_fp4_mosaic_mxfp4 60 python benchmarks/fp4_matmul.py --fmt mxfp4 --impls "$FP4_MOSAIC_IMPLS" --m 1,16,64 \
+  --iters 10 --out "$OUT/fp4_mosaic_mxfp4.json"
 # The engine's paths end to end (attention_impl pallas/mosaic vs reference, quant_impl pallas vs
 # reference for nvfp4/mxfp4): tok/s, tokens equal, max log-prob difference. Needs omegaconf (jaxserve).
 if python -c "import omegaconf" 2>/dev/null; then
@@ -120,12 +129,12 @@ if paths.exists():
         print(f"  {r['path']:24} " + (r["error"] if "error" in r else
               f"{r['tok_per_s']:9.1f} tok/s  tokens_equal={r.get('tokens_equal', '-')}  "
               f"max|dlogp|={r.get('max_abs_logprob_diff', float('nan')):.2e}"))
-for fp4 in (out / "fp4.json", out / "fp4_mxfp4.json"):
+for fp4 in (out / "fp4.json", out / "fp4_mxfp4.json", out / "fp4_mosaic.json", out / "fp4_mosaic_mxfp4.json"):
     if not fp4.exists():
         continue
     data = json.loads(fp4.read_text())
-    print(f"fp4 matmul ({data.get('device')}, copy {data.get('copy_bandwidth_GBps', 0):.0f} GB/s):")
-    keys = ["impl", "M", "K", "N", "time_us", "GBps", "speedup_vs_bf16", "frac_of_copy_bw"]
+    print(f"{fp4.name} ({data.get('device')}, copy {data.get('copy_bandwidth_GBps', 0):.0f} GB/s):")
+    keys = ["impl", "fmt", "M", "K", "N", "time_us", "GBps", "speedup_vs_bf16", "frac_of_copy_bw", "max_rel_err", "error"]
     for r in data.get("rows", []):
         shown = [k for k in keys if k in r] or list(r)
         print("  " + "  ".join(f"{k}={r[k]:.4g}" if isinstance(r[k], float) else f"{k}={r[k]}"

@@ -1,5 +1,7 @@
 """The engine's GPU paths side by side: attention_impl (pallas | mosaic | reference) and, with
-nvfp4 weights, quant_impl (pallas | reference), on one random bf16 model and one greedy workload.
+nvfp4 weights, quant_impl (pallas | mosaic | reference), on one random bf16 model and one greedy workload.
+(On a Hopper GPU quant_impl="pallas" runs the Mosaic FP4 kernel for this bf16 model, as "mosaic" does:
+jaxserve.quant.kernel_for; benchmarks/fp4_matmul.py times it beside the Triton kernel.)
 
     python benchmarks/gpu_engine_paths.py --out engine_paths.json [--smoke]
 
@@ -25,6 +27,7 @@ PATHS = [
     ("attn=mosaic", dict(attention_impl="mosaic")),
     ("nvfp4 quant=reference", dict(quantization="nvfp4", quant_impl="reference")),
     ("nvfp4 quant=pallas", dict(quantization="nvfp4", quant_impl="pallas")),
+    ("nvfp4 quant=mosaic", dict(quantization="nvfp4", quant_impl="mosaic")),
     ("mxfp4 quant=reference", dict(quantization="mxfp4", quant_impl="reference")),
     ("mxfp4 quant=pallas", dict(quantization="mxfp4", quant_impl="pallas")),
 ]

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 ATTENTION_IMPLS = ("auto", "pallas", "mosaic", "xla", "reference")
-QUANT_IMPLS = ("auto", "pallas", "reference")  # see jaxserve/quant/matmul.py
+QUANT_IMPLS = ("auto", "pallas", "mosaic", "reference")  # see jaxserve/quant/matmul.py kernel_for
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
@@ -205,7 +205,9 @@ class EngineConfig:
     quantization: str | None = None  # None | nvfp4 | mxfp4 | fp8 | int4: weight-only, post-training
     # (of the target: with speculative decoding the draft model or Medusa heads keep their own weights)
     # the quantized matmul: auto (Pallas FP4 kernel on GPU, dequantize-then-dot on CPU) | pallas
-    # (the kernel; interpret mode on CPU) | reference (dequantize-then-dot); fp8/int4 always dequantize
+    # (the kernel; interpret mode on CPU) | mosaic (the Mosaic GPU kernel only; its CPU interpreter off a
+    # GPU) | reference (dequantize-then-dot); fp8/int4 always dequantize. On a Hopper GPU auto/pallas
+    # run the Mosaic GPU kernel where it applies (bf16 products), the Triton one elsewhere.
     quant_impl: str = "auto"
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per

@@ -67,6 +67,14 @@ def abstract_gpu(device_kind: str = DEFAULT_GPU, num_cores: int = DEFAULT_GPU_CO
         yield
 
 
+def is_hopper_gpu() -> bool:
+    """Whether the default device is a compute-capability 9.x GPU (Mosaic GPU's WGMMA kernels need one)."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return False
+    return str(getattr(device, "compute_capability", "")).startswith("9")
+
+
 def mosaic_load(ref, layout):
     """A Mosaic GPU shared-memory ref loaded into registers in ``layout`` (0.10.2 takes an index tuple)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu

@@ -2,13 +2,14 @@
 
     qparams = quantize_params(params, "nvfp4")          # Dense kernels [K, N] -> QuantizedTensor (along K)
     quantization_report(params, qparams)                # bytes before/after, bits per quantized weight
-    with use_quantized_matmul("reference" | "pallas" | "auto", w4a4=False):
+    with use_quantized_matmul("reference" | "pallas" | "mosaic" | "auto", w4a4=False):
         logits = forward_full(qparams, config, tokens)  # model code unchanged
     jax.jit(quantized_apply(forward_full, "pallas"), static_argnums=1)(qparams, config, tokens)
 
 Defaults keep ``embed``, ``lm_head`` and MoE routers in float; MoE expert banks are not Dense
 kernels and stay in float. ``impl="auto"`` runs the Pallas kernel on GPU/TPU and the dequantize-
 then-dot reference on CPU (as ``attention_impl`` does); fp8 and int4 always take the reference path.
+On a Hopper GPU "auto"/"pallas" run the Mosaic GPU kernel where it applies (``matmul.kernel_for``).
 
 Plugging into the engine (``LLM(..., quantization="nvfp4")``):
 
@@ -48,6 +49,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "MatmulSettings": "jaxserve.quant.matmul",
     "QuantizationReport": "jaxserve.quant.params",
     "current_settings": "jaxserve.quant.matmul",
+    "kernel_for": "jaxserve.quant.matmul",
     "dequantize_params": "jaxserve.quant.params",
     "is_quantized": "jaxserve.quant.params",
     "kernel_plan": "jaxserve.quant.params",
@@ -61,7 +63,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 })
 
 if TYPE_CHECKING:
-    from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, matmul_context, quantized_apply,
-                                       quantized_matmul, use_quantized_matmul)
+    from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, kernel_for, matmul_context,
+                                       quantized_apply, quantized_matmul, use_quantized_matmul)
     from jaxserve.quant.params import (DEFAULT_EXCLUDE, QuantizationReport, dequantize_params, is_quantized,
                                        kernel_plan, quantization_report, quantize_params, weight_bytes)

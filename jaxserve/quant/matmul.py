@@ -24,15 +24,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_reference
+from pallas_kernels import _compat
+from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_mosaic, fp4_matmul_reference
 
-IMPLS = ("auto", "pallas", "reference")
-KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernel reads; fp8/int4 dequantize then dot
+IMPLS = ("auto", "pallas", "mosaic", "reference")
+KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
 
 
 @dataclasses.dataclass(frozen=True)
 class MatmulSettings:
-    impl: str = "auto"            # "pallas" | "reference" | "auto" (Pallas on GPU/TPU, reference on CPU)
+    impl: str = "auto"            # "pallas" | "mosaic" | "reference" | "auto" (see ``kernel_for``)
     w4a4: bool = False            # also fake-quantize activations to the weight's format
     interpret: bool | None = None  # Pallas interpret mode; None: on CPU only
     precision: str = "float32"    # Pallas products in "float32" or "bfloat16" (f32 accumulation either way)
@@ -40,21 +41,55 @@ class MatmulSettings:
     def __post_init__(self):
         if self.impl not in IMPLS:
             raise ValueError(f"quantized matmul impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.impl == "mosaic" and self.w4a4:
+            raise ValueError("quantized matmul impl='mosaic' has no W4A4 emulation (w4a4=True); "
+                             "use impl='pallas' for it")
+
+
+def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: str | None = None,
+               hopper: bool | None = None) -> str:
+    """Which matmul ``quantized_matmul`` runs: "mosaic" | "triton" | "portable" | "reference".
+
+    - "reference" (dequantize, then a float32 dot): impl="reference", fp8/int4 weights under any impl,
+      and impl="auto" on CPU.
+    - "mosaic" (``fp4_matmul_mosaic``, Mosaic GPU; its CPU interpreter off a GPU): impl="mosaic"; and
+      impl="pallas"/"auto" on a Hopper GPU wherever the Mosaic kernel computes what was asked: bf16
+      products (x in bf16, where they are exact, or precision="bfloat16"), no W4A4 emulation, no
+      explicit interpret mode.
+    - "triton" (the portable Pallas kernel, compiled through Triton): impl="pallas"/"auto" on a GPU
+      where Mosaic cannot: W4A4, float32 products of f32/f16 activations, a GPU other than Hopper,
+      or a backend that is neither CPU nor GPU (the portable kernel, as before Mosaic).
+    - "portable" (that kernel in Pallas interpret mode): impl="pallas" on CPU, or interpret=True.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    if settings.impl == "reference" or w.fmt not in KERNEL_FORMATS:
+        return "reference"
+    if settings.impl == "mosaic":
+        return "mosaic"
+    if backend == "cpu":
+        return "reference" if settings.impl == "auto" else "portable"
+    if settings.interpret:
+        return "portable"
+    hopper = _compat.is_hopper_gpu() if hopper is None else hopper
+    bf16_products = jnp.dtype(x_dtype) == jnp.bfloat16 or settings.precision == "bfloat16"
+    if backend == "gpu" and hopper and bf16_products and not settings.w4a4:
+        return "mosaic"
+    return "triton"
 
 
 def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings = MatmulSettings(),
                      out_dtype=None) -> jax.Array:
     """x[..., K] (f32/bf16/f16) @ w[K, N] (QuantizedTensor along K) -> out_dtype[..., N] (default x.dtype).
 
-    "pallas" runs ``fp4_matmul`` for nvfp4/mxfp4 weights; "reference", and fp8/int4 weights under
-    any impl, run ``fp4_matmul_reference`` (dequantize, then a float32 dot).
+    The kernel is chosen by ``kernel_for``: on a Hopper GPU "pallas"/"auto" run the Mosaic GPU kernel
+    where it applies, else the portable (Triton) one; on CPU behaviour is that of the portable kernel.
     """
     if settings.w4a4 and w.fmt not in KERNEL_FORMATS:
         raise ValueError(f"w4a4 emulation applies to {KERNEL_FORMATS} weights, got fmt={w.fmt!r}")
-    impl = settings.impl
-    if impl == "auto":
-        impl = "reference" if jax.default_backend() == "cpu" else "pallas"
-    if impl == "pallas" and w.fmt in KERNEL_FORMATS:
+    kernel = kernel_for(jnp.asarray(x).dtype, w, settings)
+    if kernel == "mosaic":
+        return fp4_matmul_mosaic(x, w, out_dtype=out_dtype)
+    if kernel in ("triton", "portable"):
         return fp4_matmul(x, w, interpret=settings.interpret, w4a4=settings.w4a4,
                           precision=settings.precision, out_dtype=out_dtype)
     return fp4_matmul_reference(x, w, w4a4=settings.w4a4, out_dtype=out_dtype)

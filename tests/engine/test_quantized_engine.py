@@ -43,6 +43,22 @@ def test_pallas_fp4_matmul_engine_matches_reference(fmt, monkeypatch):
     np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # ~45 s in Mosaic GPU's CPU interpreter; tests/quant and tests/fp4/test_fp4_mosaic.py cover it
+def test_mosaic_fp4_matmul_engine_matches_reference(monkeypatch):
+    """quant_impl="mosaic" (on CPU, the Mosaic GPU kernel in its interpreter): the same greedy tokens as
+    the reference; log-probs within 1e-2, since the kernel rounds this float32 model's activations to bf16
+    (2^-9 relative) before its products (measured 2e-3)."""
+    kernel_calls = []
+    kernel = quant_matmul.fp4_matmul_mosaic
+    monkeypatch.setattr(quant_matmul, "fp4_matmul_mosaic", lambda *a, **k: kernel_calls.append(k) or kernel(*a, **k))
+    tokens, logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", quant_impl="mosaic", **ENGINE))
+    assert kernel_calls, "quant_impl='mosaic' never traced the Mosaic FP4 matmul"
+    ref_tokens, ref_logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization="nvfp4",
+                                                         quant_impl="reference", **ENGINE))
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-2, rtol=0)
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])  # int4 needs K % 128 == 0: not this tiny model
 def test_reference_quantized_engine_equals_dequantized_model(fmt):
     quantized = LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="reference", **ENGINE)

@@ -9,8 +9,9 @@ import pytest
 
 from jaxserve.cache.kv_pool import init_kv_pool
 from jaxserve.models import AttentionMetadata, forward, forward_full
-from jaxserve.quant import (MatmulSettings, current_settings, dequantize_params, matmul_context, quantize_params,
-                            quantized_apply, quantized_matmul, use_quantized_matmul)
+import jaxserve.quant.matmul as quant_matmul
+from jaxserve.quant import (MatmulSettings, current_settings, dequantize_params, kernel_for, matmul_context,
+                            quantize_params, quantized_apply, quantized_matmul, use_quantized_matmul)
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.step import evaluate
 from pallas_kernels.fp4 import dequantize
@@ -74,6 +75,49 @@ def test_innermost_context_wins_and_bad_impl_is_rejected():
     assert current_settings() is None
     with pytest.raises(ValueError, match="'triton'"):
         quantized_apply(forward_full, "triton")
+
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+@pytest.mark.parametrize("x_dtype, settings, backend, hopper, kernel", [
+    (BF16, MatmulSettings("auto"), "cpu", False, "reference"),            # CPU as before
+    (BF16, MatmulSettings("pallas"), "cpu", False, "portable"),
+    (BF16, MatmulSettings("mosaic"), "cpu", False, "mosaic"),             # the interpreter
+    (BF16, MatmulSettings("auto"), "gpu", True, "mosaic"),                # Hopper: Mosaic where it applies
+    (BF16, MatmulSettings("pallas"), "gpu", True, "mosaic"),
+    (F32, MatmulSettings("pallas", precision="bfloat16"), "gpu", True, "mosaic"),
+    (F32, MatmulSettings("auto"), "gpu", True, "triton"),                 # float32 products
+    (BF16, MatmulSettings("pallas", w4a4=True), "gpu", True, "triton"),   # W4A4 emulation
+    (BF16, MatmulSettings("auto"), "gpu", False, "triton"),               # no WGMMA before Hopper
+    (BF16, MatmulSettings("pallas", interpret=True), "gpu", True, "portable"),
+    (BF16, MatmulSettings("reference"), "gpu", True, "reference"),
+])
+def test_kernel_for_picks_mosaic_on_hopper_where_it_applies(nvfp4_params, x_dtype, settings, backend, hopper, kernel):
+    w = nvfp4_params["layers_0"]["mlp"]["up_proj"]["kernel"]
+    assert kernel_for(x_dtype, w, settings, backend=backend, hopper=hopper) == kernel
+
+
+def test_fp8_weights_take_the_reference_path_under_every_impl(params):
+    w = quantize_params(params, "fp8", include=("q_proj",))["layers_0"]["attn"]["q_proj"]["kernel"]
+    for impl in ("auto", "pallas", "mosaic"):
+        assert kernel_for(BF16, w, MatmulSettings(impl), backend="gpu", hopper=True) == "reference"
+
+
+def test_mosaic_impl_runs_the_mosaic_kernel_and_equals_reference(nvfp4_params, monkeypatch):
+    calls = []
+    kernel = quant_matmul.fp4_matmul_mosaic
+    monkeypatch.setattr(quant_matmul, "fp4_matmul_mosaic", lambda *a, **k: calls.append(k) or kernel(*a, **k))
+    w = nvfp4_params["layers_0"]["mlp"]["up_proj"]["kernel"]
+    x = jax.random.normal(jax.random.key(3), (2, 3, 64), jnp.bfloat16)
+    got = quantized_matmul(x, w, MatmulSettings("mosaic"), out_dtype=jnp.float32)
+    assert calls and got.shape == (2, 3, 176)
+    assert _rel(got, quantized_matmul(x, w, MatmulSettings("reference"), out_dtype=jnp.float32)) <= 1e-5
+
+
+def test_mosaic_impl_refuses_w4a4_by_name():
+    with pytest.raises(ValueError, match=r"impl='mosaic' has no W4A4 emulation \(w4a4=True\)"):
+        MatmulSettings("mosaic", w4a4=True)
 
 
 @pytest.mark.parametrize("w4a4", [False, True])
