@@ -53,6 +53,7 @@ class SpecDecodingConfig:
 
 
 CONFIG = SpecDecodingConfig()
-SMOKE = ("target=preset:tiny-llama", "draft=preset:tiny-llama", "medusa_heads=null", "gammas=[2]", "batches=[2]",
+SMOKE = ("target=preset:tiny-llama", "draft=preset:tiny-llama", "medusa_heads=null", "methods=[draft_model,ngram]",
+         "gammas=[2]", "batches=[2]",
          "temperatures=[1.0]", "prompt_len=12", "min_prompts=4", "max_tokens=8", "repeats=1", "engine_gammas=[2]",
          "engine_methods=[draft_model]", "engine_max_tokens=6")

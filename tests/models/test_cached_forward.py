@@ -27,6 +27,7 @@ def metadata(tables, starts, q_lens, decode_only=False):
 @pytest.mark.parametrize("impl", ["xla", "reference"])  # the two pool layouts: K as [P, K, D, S] and [P, S, K, D]
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
+    run = jax.jit(forward, static_argnames=("config", "attention_impl"))  # one program a shape: eager ops cost more
     config = get_preset(preset)
     params = init_params(config, jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -43,14 +44,14 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
         meta = metadata(tables, [lo, lo], [len(c) for c in chunks])
         toks = jnp.array(np.concatenate(chunks), jnp.int32)
         pos = jnp.array(np.concatenate([np.arange(lo, lo + len(c)) for c in chunks]), jnp.int32)
-        logits, pool = forward(params, config, toks, pos, pool, meta, attention_impl=impl)
+        logits, pool = run(params, config, toks, pos, pool, meta, attention_impl=impl)
         for b, c in enumerate(np.split(np.asarray(logits), np.cumsum([len(c) for c in chunks])[:-1])):
             got[b].append(c)
     for step in range(5):
         pos = [n + step for n in lengths]
         meta = metadata(tables, pos, [1, 1], decode_only=True)
         toks = jnp.array([t[p] for t, p in zip(tokens, pos)], jnp.int32)
-        logits, pool = forward(params, config, toks, jnp.array(pos, jnp.int32), pool, meta, attention_impl=impl)
+        logits, pool = run(params, config, toks, jnp.array(pos, jnp.int32), pool, meta, attention_impl=impl)
         for b in range(2):
             got[b].append(np.asarray(logits[b:b + 1]))
 
