@@ -109,11 +109,9 @@ def config_from_gguf(meta: dict, tensor_names: set[str], dtype: str = "float32")
         **_moe_fields(model_type, experts, get, tensor_names))
 
 
-def _gemma3_fields(meta: dict, get) -> dict:
-    """Gemma 3's local/global layers, norms, scales and activation (``jaxserve.models.hf`` maps the same from
-    a config.json)."""
-    layers, hidden, heads = int(get("block_count")), int(get("embedding_length")), int(get("attention.head_count"))
-    pattern = meta.get("gemma3.attention.sliding_window_pattern")
+def gemma3_fixed_fields(layers: int, hidden: int, heads: int, head_dim: int, pattern=None) -> dict:
+    """The ``ModelConfig`` fields of a gemma3 GGUF that llama.cpp fixes rather than reads (``pattern``: the
+    optional ``gemma3.attention.sliding_window_pattern``, per-layer booleans or a period)."""
     if isinstance(pattern, list):  # per layer, true where the layer slides
         sliding = [bool(p) for p in pattern]
     else:
@@ -121,12 +119,20 @@ def _gemma3_fields(meta: dict, get) -> dict:
     if len(sliding) != layers:
         raise GGUFError(f"GGUF metadata gemma3.attention.sliding_window_pattern has {len(sliding)} entries "
                         f"for {layers} layers")
-    head_dim = int(get("attention.key_length", hidden // heads))
-    softcap = get("final_logit_softcapping", None, required=False)
-    return dict(sliding_window=int(get("attention.sliding_window")), rope_local_theta=_GEMMA3_LOCAL_THETA,
-                layer_types=tuple("sliding_attention" if s else "full_attention" for s in sliding),
+    return dict(layer_types=tuple("sliding_attention" if s else "full_attention" for s in sliding),
+                rope_local_theta=_GEMMA3_LOCAL_THETA,
                 query_pre_attn_scalar=float(hidden // heads if layers == _GEMMA3_27B_LAYERS else head_dim),
-                hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True, scale_embeddings=True,
+                hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True, scale_embeddings=True)
+
+
+def _gemma3_fields(meta: dict, get) -> dict:
+    """Gemma 3's local/global layers, norms, scales and activation (``jaxserve.models.hf`` maps the same from
+    a config.json)."""
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    softcap = get("final_logit_softcapping", None, required=False)
+    fixed = gemma3_fixed_fields(int(get("block_count")), hidden, heads, int(get("attention.key_length", hidden // heads)),
+                                meta.get("gemma3.attention.sliding_window_pattern"))
+    return dict(fixed, sliding_window=int(get("attention.sliding_window")),
                 final_logit_softcap=None if softcap is None else _decimal(softcap))
 
 

@@ -114,16 +114,22 @@ def test_perplexity_matches_transformers(smollm2):
     assert abs(ours / theirs - 1) < 1e-3, (ours, theirs)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_transformers_reads_our_gguf_files(tmp_path, family):
     """A random HF model -> load_hf -> save_gguf -> transformers' GGUF loader gives the original's logits."""
-    cls = {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
+    classes = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+               "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
+               "gemma3": (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig)}
+    cls, config_cls = classes[family]
     shape = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     if family == "qwen3":  # transformers' GGUF reader takes Qwen3's head_dim from its default (128)
         shape = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
-    cfg = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family](
-        vocab_size=320, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128, rope_theta=5000.0,
-        rms_norm_eps=1e-5, **shape)
+    if family == "gemma3":  # 5 sliding layers then a full one (llama.cpp's fixed pattern); transformers' GGUF
+        # reader takes query_pre_attn_scalar from its default (256), llama.cpp from head_dim: both 256 here
+        shape = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                     query_pre_attn_scalar=256, sliding_window=8, num_hidden_layers=6)
+    cfg = config_cls(**{**dict(vocab_size=320, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128,
+                               rope_theta=5000.0, rms_norm_eps=1e-5), **shape})
     torch.manual_seed(0)
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -140,4 +146,7 @@ def test_transformers_reads_our_gguf_files(tmp_path, family):
         expected = model(torch.tensor(tokens)).logits.numpy()
         np.testing.assert_allclose(theirs(torch.tensor(tokens)).logits.numpy(), expected, atol=1e-4, rtol=0)
     config2, params2 = load_gguf(path)
+    for field in ("num_layers", "head_dim", "layer_types", "sliding_window", "rope_local_theta",
+                  "query_pre_attn_scalar", "norm_unit_offset", "sandwich_norms", "hidden_act"):
+        assert getattr(config2, field) == getattr(config, field), field
     np.testing.assert_allclose(np.asarray(forward_full(params2, config2, jnp.asarray(tokens))), expected, atol=1e-4)
