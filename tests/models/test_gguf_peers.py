@@ -16,8 +16,7 @@ from jaxserve.models import forward_full  # noqa: E402
 from jaxserve.models.gguf import load_gguf  # noqa: E402
 from jaxserve.models.gguf_export import save_gguf  # noqa: E402
 from jaxserve.models.hf import load_hf  # noqa: E402
-from jaxserve.models.loading import load_gguf_model  # noqa: E402
-from tests.models.gguf_files import smollm2_path  # noqa: E402
+from tests.models.gguf_files import assert_greedy_matches, load_with_transformers, smollm2_path  # noqa: E402
 
 # one worker loads the 135M model once for the whole module (pytest -n 2 --dist loadgroup)
 pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2-peers")]
@@ -27,12 +26,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Wr
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = smollm2_path()
-    config, params, tokenizer = load_gguf_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           torch_dtype=torch.float32).eval()
-    hf_tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return config, params, tokenizer, hf, hf_tok
+    return load_with_transformers(smollm2_path())
 
 
 def test_tokenizer_matches_transformers_on_real_text(smollm2):
@@ -88,18 +82,7 @@ def test_greedy_chat_matches_transformers(smollm2):
                     SamplingParams(max_tokens=32, temperature=0), use_tqdm=False)
     assert outs[0].outputs[0].text == "The capital of France is Paris."
     for q, out in zip(QUESTIONS, outs):
-        prompt = _chat_ids(tok, q)
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=2,
-                              pad_token_id=2)[0, len(prompt):].tolist()
-        got = out.outputs[0].token_ids
-        n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
-        if n is None:
-            assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] == 2), q
-            continue
-        with torch.no_grad():  # a divergence is allowed only right after a near-tie of HF's top two logits
-            top2 = torch.topk(hf(torch.tensor([prompt + ref[:n]])).logits[0, -1], 2).values
-        assert float(top2[0] - top2[1]) < 1e-3, (q, n, got, ref)
+        assert_greedy_matches(hf, _chat_ids(tok, q), out.outputs[0].token_ids, eos=2, pad=2)
 
 
 def test_perplexity_matches_transformers(smollm2):
