@@ -9,9 +9,9 @@ RMSNorm weight is stored as ``1 + w`` (Gemma scales by ``1 + w``; llama.cpp fold
 off again and the config keeps ``norm_unit_offset``, as for the Hugging Face checkpoint.
 
 Supported architectures: ``llama`` (Llama, Mistral without sliding window, SmolLM, Mixtral when it has
-experts), ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma3`` (text). Every tensor is mapped by name, so a missing
-or unexpected tensor, a shape that does not fit the metadata, a quantization type the ``gguf`` package
-cannot dequantize, or a truncated file is a ``GGUFError`` naming it.
+experts), ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma3`` (text). Every tensor is mapped by name,
+so a missing or unexpected tensor, a shape that does not fit the metadata, a quantization type the ``gguf``
+package cannot dequantize, or a truncated file is a ``GGUFError`` naming it.
 """
 from __future__ import annotations
 
@@ -130,7 +130,8 @@ def _gemma3_fields(meta: dict, get) -> dict:
     a config.json)."""
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     softcap = get("final_logit_softcapping", None, required=False)
-    fixed = gemma3_fixed_fields(int(get("block_count")), hidden, heads, int(get("attention.key_length", hidden // heads)),
+    head_dim = int(get("attention.key_length", hidden // heads))
+    fixed = gemma3_fixed_fields(int(get("block_count")), hidden, heads, head_dim,
                                 meta.get("gemma3.attention.sliding_window_pattern"))
     return dict(fixed, sliding_window=int(get("attention.sliding_window")),
                 final_logit_softcap=None if softcap is None else _decimal(softcap))

@@ -20,7 +20,8 @@ def _gemma_meta(pieces=_PIECES) -> dict:
     user = ["\n", "\n\n", "  ", "   ", "<b>"]
     tokens = special + user + _BYTES + list(pieces)
     types = [3] * len(special) + [4] * len(user) + [6] * 256 + [1] * len(pieces)
-    scores = [-1000.0] * (len(tokens) - len(pieces)) + [float(s) for s in np.random.default_rng(0).normal(size=len(pieces))]
+    rng = np.random.default_rng(0)
+    scores = [-1000.0] * (len(tokens) - len(pieces)) + [float(s) for s in rng.normal(size=len(pieces))]
     return {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores, "tokenizer.ggml.bos_token_id": 2,
             "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.add_bos_token": True}
@@ -98,6 +99,7 @@ def test_export_refuses_a_gemma3_that_llama_cpp_would_read_differently(tmp_path)
                          layer_types=("sliding_attention",) * 5 + ("full_attention",), rope_local_theta=5000.0,
                          query_pre_attn_scalar=16.0, hidden_act="gelu_tanh", norm_unit_offset=True,
                          sandwich_norms=True, scale_embeddings=True)
-    with pytest.raises(ValueError, match=r"ModelConfig.rope_local_theta=5000.0, and llama.cpp's gemma3 assumes 10000.0"):
+    with pytest.raises(ValueError, match=r"ModelConfig.rope_local_theta=5000.0, and llama.cpp's gemma3 assumes "
+                                         r"10000.0"):
         save_gguf(tmp_path / "g.gguf", config, {})
     assert not (tmp_path / "g.gguf").exists()

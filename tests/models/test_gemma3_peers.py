@@ -37,8 +37,8 @@ def test_tokenizer_matches_transformers_on_real_text(gemma3):
     _, _, tok, _, hf_tok = gemma3
     stock = hf_tok.backend_tokenizer
     lines = [line for f in sorted(REAL_TEXT.glob("*.txt")) for line in f.read_text().splitlines()]
-    lines += ["<start_of_turn>user\nCafé, naïve, 中文, emoji 🙂 and tabs\t\there<end_of_turn>", "  leading spaces",
-              "x = [1, 22, 333]", "a  b   c\n\n\nd <table>"]
+    lines += ["<start_of_turn>user\nCafé, naïve, 中文, emoji 🙂 and tabs\t\there<end_of_turn>",
+              "  leading spaces", "x = [1, 22, 333]", "a  b   c\n\n\nd <table>"]
     assert len(lines) > 2000
     for line in lines:
         ids = tok.encode(line, add_special_tokens=False)
@@ -77,5 +77,6 @@ def test_greedy_continuations_match_transformers(gemma3):
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.outputs[0].token_ids) == 16
         assert_greedy_matches(hf, tok.encode(prompt), out.outputs[0].token_ids, eos=1, pad=0)
-    with pytest.raises(ValueError, match="chat needs a model with a chat template .*this one has none: use generate"):  # a base model: none in its metadata
+    # a base model: no chat template in its metadata
+    with pytest.raises(ValueError, match="chat needs a model with a chat template .*this one has none: use generate"):
         llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1))
