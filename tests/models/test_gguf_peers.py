@@ -16,8 +16,7 @@ from jaxserve.models import forward_full  # noqa: E402
 from jaxserve.models.gguf import load_gguf  # noqa: E402
 from jaxserve.models.gguf_export import save_gguf  # noqa: E402
 from jaxserve.models.hf import load_hf  # noqa: E402
-from jaxserve.models.loading import load_gguf_model  # noqa: E402
-from tests.models.gguf_files import smollm2_path  # noqa: E402
+from tests.models.gguf_files import assert_greedy_matches, load_with_transformers, smollm2_path  # noqa: E402
 
 # one worker loads the 135M model once for the whole module (pytest -n 2 --dist loadgroup)
 pytestmark = [pytest.mark.peers, pytest.mark.xdist_group("smollm2-peers")]
@@ -27,12 +26,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Wr
 
 @pytest.fixture(scope="module")
 def smollm2():
-    path = smollm2_path()
-    config, params, tokenizer = load_gguf_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           torch_dtype=torch.float32).eval()
-    hf_tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return config, params, tokenizer, hf, hf_tok
+    return load_with_transformers(smollm2_path())
 
 
 def test_tokenizer_matches_transformers_on_real_text(smollm2):
@@ -90,18 +84,7 @@ def test_greedy_chat_matches_transformers(smollm2):
                     SamplingParams(max_tokens=32, temperature=0), use_tqdm=False)
     assert outs[0].outputs[0].text == "The capital of France is Paris."
     for q, out in zip(QUESTIONS, outs):
-        prompt = _chat_ids(tok, q)
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=2,
-                              pad_token_id=2)[0, len(prompt):].tolist()
-        got = out.outputs[0].token_ids
-        n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
-        if n is None:
-            assert got == ref[:len(got)] and (len(got) == len(ref) or got[-1] == 2), q
-            continue
-        with torch.no_grad():  # a divergence is allowed only right after a near-tie of HF's top two logits
-            top2 = torch.topk(hf(torch.tensor([prompt + ref[:n]])).logits[0, -1], 2).values
-        assert float(top2[0] - top2[1]) < 1e-3, (q, n, got, ref)
+        assert_greedy_matches(hf, _chat_ids(tok, q), out.outputs[0].token_ids, eos=2, pad=2)
 
 
 def test_perplexity_matches_transformers(smollm2):
@@ -116,16 +99,22 @@ def test_perplexity_matches_transformers(smollm2):
     assert abs(ours / theirs - 1) < 1e-3, (ours, theirs)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_transformers_reads_our_gguf_files(tmp_path, family):
     """A random HF model -> load_hf -> save_gguf -> transformers' GGUF loader gives the original's logits."""
-    cls = {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
+    classes = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+               "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
+               "gemma3": (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig)}
+    cls, config_cls = classes[family]
     shape = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     if family == "qwen3":  # transformers' GGUF reader takes Qwen3's head_dim from its default (128)
         shape = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
-    cfg = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[family](
-        vocab_size=320, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128, rope_theta=5000.0,
-        rms_norm_eps=1e-5, **shape)
+    if family == "gemma3":  # 5 sliding layers then a full one (llama.cpp's fixed pattern); transformers' GGUF
+        # reader takes query_pre_attn_scalar from its default (256), llama.cpp from head_dim: both 256 here
+        shape = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                     query_pre_attn_scalar=256, sliding_window=8, num_hidden_layers=6)
+    cfg = config_cls(**{**dict(vocab_size=320, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=128,
+                               rope_theta=5000.0, rms_norm_eps=1e-5), **shape})
     torch.manual_seed(0)
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -142,4 +131,7 @@ def test_transformers_reads_our_gguf_files(tmp_path, family):
         expected = model(torch.tensor(tokens)).logits.numpy()
         np.testing.assert_allclose(theirs(torch.tensor(tokens)).logits.numpy(), expected, atol=1e-4, rtol=0)
     config2, params2 = load_gguf(path)
+    for field in ("num_layers", "head_dim", "layer_types", "sliding_window", "rope_local_theta",
+                  "query_pre_attn_scalar", "norm_unit_offset", "sandwich_norms", "hidden_act"):
+        assert getattr(config2, field) == getattr(config, field), field
     np.testing.assert_allclose(np.asarray(forward_full(params2, config2, jnp.asarray(tokens))), expected, atol=1e-4)
