@@ -33,12 +33,15 @@ class SpecMetrics:
         z = jnp.zeros(batch, jnp.int32)
         return cls(z, z, z, jnp.zeros((batch, gamma), jnp.int32), z, z)
 
-    def record_round(self, active: jax.Array, num_accepted: jax.Array, emitted: jax.Array) -> "SpecMetrics":
-        """One speculative round: active bool[B], num_accepted i32[B], emitted i32[B] (after truncation)."""
+    def record_round(self, active: jax.Array, num_accepted: jax.Array, emitted: jax.Array,
+                     drafted: jax.Array | None = None) -> "SpecMetrics":
+        """One speculative round: active bool[B], num_accepted i32[B], emitted i32[B] (after truncation);
+        drafted i32[B]: the tokens each row proposed (None: γ, every proposer but suffix decoding's)."""
         a = active.astype(jnp.int32)
         gamma = self.accepted_at.shape[1]
         hit = (jnp.arange(gamma)[None, :] < num_accepted[:, None]).astype(jnp.int32)
-        return self.replace(rounds=self.rounds + a, drafted=self.drafted + gamma * a,
+        drafted = gamma if drafted is None else drafted
+        return self.replace(rounds=self.rounds + a, drafted=self.drafted + drafted * a,
                             accepted=self.accepted + num_accepted * a, accepted_at=self.accepted_at + hit * a[:, None],
                             target_calls=self.target_calls + a, generated=self.generated + emitted * a)
 
