@@ -25,7 +25,7 @@ from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.rejection import sample_tokens
 from jaxserve.speculative.round import RoundInputs, spec_round
-from jaxserve.speculative.suffix_round import suffix_round
+from jaxserve.speculative.given_round import suffix_round
 
 TRACES = [0]  # incremented while tracing: one per compiled program
 

@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "SuffixCache": "jaxserve.speculative.suffix_tree",
     "SuffixTree": "jaxserve.speculative.suffix_tree",
     "suffix_generate": "jaxserve.speculative.generate",
-    "suffix_round": "jaxserve.speculative.suffix_round",
+    "suffix_round": "jaxserve.speculative.given_round",
     "summarize": "jaxserve.speculative.metrics",
     "target_only_generate": "jaxserve.speculative.generate",
 })
@@ -40,5 +40,5 @@ if TYPE_CHECKING:
     from jaxserve.speculative.ngram import ngram_propose, ngram_round
     from jaxserve.speculative.rejection import probs_from_logits, rejection_sample
     from jaxserve.speculative.round import RoundInputs, RoundOutputs, spec_round
-    from jaxserve.speculative.suffix_round import suffix_round
+    from jaxserve.speculative.given_round import suffix_round
     from jaxserve.speculative.suffix_tree import SuffixCache, SuffixTree

@@ -42,7 +42,7 @@ from jaxserve.speculative.metrics import SpecMetrics
 from jaxserve.speculative.rejection import PAD_TOKEN, sample_tokens
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.round import RoundInputs, slots_for, spec_round
-from jaxserve.speculative.suffix_round import suffix_round
+from jaxserve.speculative.given_round import suffix_round
 from jaxserve.speculative.suffix_tree import SuffixCache
 
 TRACES: Counter = Counter()  # program name -> times traced (== compiled)
@@ -262,12 +262,14 @@ def _suffix_program(target_params, draft_params, prompts, prompt_lens, max_token
     for i in np.flatnonzero(real):
         cache.extend(keys[i], [*prompts[i, :prompt_lens[i]].tolist(), int(first[i])])
     drafts = np.zeros((prompts.shape[0], gamma), np.int32)
+    widths = powers_of_two(1, gamma)  # a round verifies only as many slots as its longest draft (bucketed)
     while not done.all():
         num_drafts = np.zeros(prompts.shape[0], np.int32)
         for i in np.flatnonzero(~done):
             d = cache.propose(keys[i], gamma).tokens
             drafts[i, :len(d)], num_drafts[i] = d, len(d)
-        state, toks, acc = _suffix_step(target_params, state, drafts, num_drafts, max_tokens, eos,
+        width = min(bucket(max(int(num_drafts.max()), 1), widths), gamma)
+        state, toks, acc = _suffix_step(target_params, state, drafts[:, :width], num_drafts, max_tokens, eos,
                                         target_config=target_config, attention_impl=attention_impl)
         live = ~done
         toks, acc, done = jax.device_get((toks, acc, state.done))
@@ -415,7 +417,9 @@ def suffix_generate(target_params: dict, target_config: ModelConfig, prompts, pr
                     block_size: int = 16, attention_impl: str = "auto", cache: SuffixCache | None = None):
     """``speculative_generate`` with suffix decoding proposing (``jaxserve.speculative.suffix_tree``); same
     outputs. Each round a row drafts 0..``gamma`` tokens from its suffix trees (its prompt and outputs so
-    far, and ``cache``'s global tree of earlier outputs); the target verifies them exactly (``suffix_round``).
+    far, and ``cache``'s global tree of earlier outputs); the target verifies them exactly (``suffix_round``),
+    in a program as wide as the round's longest draft rounded up to a power of two (capped at γ; at most
+    ceil(log2 γ) + 1 round programs per bucket): rounds whose contexts matched little verify few slots.
 
     ``cache``: a ``SuffixCache`` (its depth, adaptive-length factor, probability floor and global bound
     apply) that keeps this call's outputs for later calls; None: a fresh default one.

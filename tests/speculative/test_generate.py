@@ -339,7 +339,7 @@ def test_suffix_greedy_equals_target_only_and_earlier_outputs_pay(models, prompt
     assert cache.num_cached == 8 and warm["mean_acceptance_length"] > cold["mean_acceptance_length"]
     assert cold["drafted"] < cold["rounds"] * GAMMA  # short matches draft fewer than γ
     assert warm["acceptance_rate"] > 0.9 and warm["target_calls_per_token"] < 0.5, warm
-    assert gen.TRACES["suffix_round"] == 1  # one round program for the bucket, reused every round
+    assert gen.TRACES["suffix_round"] <= 3  # round widths 1, 2, 3 (γ): reused round after round
 
 
 def test_suffix_sampled_stream_follows_the_target(models):
