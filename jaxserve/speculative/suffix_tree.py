@@ -32,12 +32,27 @@ from jaxserve.validation import is_int
 
 
 class _Node:
-    __slots__ = ("count", "depth", "children")
+    __slots__ = ("count", "depth", "children", "best")
 
     def __init__(self, depth: int):
         self.count = 0  # occurrences of the node's substring (suffixes that pass through or end here)
         self.depth = depth  # the substring's length
         self.children: dict[int, _Node] = {}
+        # the most frequent child's token (the smallest on a tie), kept as counts grow; None: to be found
+        self.best: int | None = None
+
+    def best_child(self) -> tuple[int, "_Node"] | None:
+        if self.best is None and self.children:
+            self.best = max(self.children.items(), key=lambda kv: (kv[1].count, -kv[0]))[0]
+        return None if self.best is None else (self.best, self.children[self.best])
+
+    def counted(self, token: int, child: "_Node") -> None:
+        """child (under token) gained an occurrence: it may now be the best."""
+        b = self.best
+        if b is not None and b != token:
+            other = self.children[b].count
+            if child.count > other or (child.count == other and token < b):
+                self.best = token
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,7 @@ class SuffixTree:
                 if child is None:
                     child = node.children[t] = _Node(node.depth + 1)
                 child.count += 1
+                node.counted(t, child)
                 if child.depth < self.max_depth:
                     grown.append(child)
             s.open = grown
@@ -104,6 +120,7 @@ class SuffixTree:
             for t in toks[i:i + d]:
                 child = node.children[t]
                 child.count -= 1
+                node.best = None  # found again when next asked
                 if child.count == 0:  # its descendants count only this suffix's occurrences: all gone
                     del node.children[t]
                     break
@@ -122,23 +139,36 @@ class SuffixTree:
                   min_token_prob: float = 0.1) -> Draft:
         """The best draft continuing ``pattern`` (see the module docstring); empty when nothing matches."""
         pattern = [int(t) for t in pattern[-self.max_depth:]]
-        best = Draft()
-        for m in range(1, len(pattern) + 1):
-            node = self.match(pattern[-m:])
-            if node is None:
-                break  # a longer suffix contains this one: it cannot match either
-            limit = min(max_tokens, math.floor(spec_factor * m))
-            cand = _greedy_path(node, limit, min_token_prob, m)
-            if cand.tokens and cand.score >= best.score:
-                best = cand
-        return best
+
+        def nodes():
+            for m in range(1, len(pattern) + 1):
+                node = self.match(pattern[-m:])
+                if node is None:
+                    return  # a longer suffix contains this one: it cannot match either
+                yield node
+        return _best_draft(nodes(), max_tokens, spec_factor, min_token_prob)
+
+    def speculate_own(self, seq_id: Hashable, max_tokens: int, spec_factor: float = 1.0,
+                      min_token_prob: float = 0.1) -> Draft:
+        """``speculate(tail of the sequence)`` without matching: its open suffixes are those nodes."""
+        return _best_draft(reversed(self._seqs[seq_id].open), max_tokens, spec_factor, min_token_prob)
+
+
+def _best_draft(nodes, max_tokens: int, spec_factor: float, min_token_prob: float) -> Draft:
+    """The best-scoring greedy path over match nodes of lengths 1, 2, ... (the longer on a tie)."""
+    best = Draft()
+    for m, node in enumerate(nodes, start=1):
+        cand = _greedy_path(node, min(max_tokens, math.floor(spec_factor * m)), min_token_prob, m)
+        if cand.tokens and cand.score >= best.score:
+            best = cand
+    return best
 
 
 def _greedy_path(node: _Node, limit: int, min_token_prob: float, match_len: int) -> Draft:
     """Follows the most frequent child (the smallest token on a tie) while the path probability holds."""
     tokens, probs, prob = [], [], 1.0
     while len(tokens) < limit and node.children:
-        token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+        token, child = node.best_child()
         prob *= child.count / node.count
         if prob < min_token_prob:
             break
@@ -182,10 +212,10 @@ class SuffixCache:
         tree = self._local.get(key)
         if tree is None or max_tokens < 1:
             return Draft()
-        pattern = tree.tail(0, self.max_depth)
-        best = tree.speculate(pattern, max_tokens, self.spec_factor, self.min_token_prob)
+        best = tree.speculate_own(0, max_tokens, self.spec_factor, self.min_token_prob)
         if len(self.global_tree):
-            other = self.global_tree.speculate(pattern, max_tokens, self.spec_factor, self.min_token_prob)
+            other = self.global_tree.speculate(tree.tail(0, self.max_depth), max_tokens, self.spec_factor,
+                                               self.min_token_prob)
             if other.score > best.score:
                 best = other
         return best

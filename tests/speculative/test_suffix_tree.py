@@ -93,6 +93,10 @@ def test_speculation_equals_the_brute_force_rule(seqs, pattern, depth, max_token
     got = tree.speculate(pattern, max_tokens, factor, min_prob)
     assert got == oracle_speculate(seqs, depth, pattern, max_tokens, factor, min_prob)
     assert len(got.tokens) <= min(max_tokens, math.floor(factor * got.match_len))
+    own = SuffixTree(depth)  # a request's own tree drafts from its open suffixes, with no matching
+    own.extend("r", seqs[0] + pattern)
+    assert own.speculate_own("r", max_tokens, factor, min_prob) == own.speculate(seqs[0] + pattern, max_tokens,
+                                                                                factor, min_prob)
 
 
 def test_longer_matches_draft_further_and_score_by_frequency():
