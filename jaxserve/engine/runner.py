@@ -14,7 +14,8 @@ fill entries (prefill chunks, recompute after preemption, decodes the token budg
 lookahead) run one packed target pass, sample where an entry ends, and run the draft over the same
 tokens; round entries (decodes the scheduler gave ``num_lookahead = γ`` slots) run ONE round of
 ``spec_round`` / ``ngram_round`` / ``medusa_round``, the functions ``speculative_generate`` runs inside
-its ``lax.while_loop``, or ``suffix_round`` over drafts this runner's host suffix trees made. Rollback is lengths only: the scheduler keeps the accepted tokens.
+its ``lax.while_loop``, or ``suffix_round`` over drafts this runner's host suffix trees made.
+Rollback is lengths only: the scheduler keeps the accepted tokens.
 The programs (``step_programs``) are bucketed (``batching.BucketPolicy``); ``num_compilations``
 counts the traces this runner's calls caused, ``num_buckets`` bounds them.
 """

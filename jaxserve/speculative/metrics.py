@@ -45,7 +45,8 @@ class SpecMetrics:
         hit = (jnp.arange(gamma)[None, :] < num_accepted[:, None]).astype(jnp.int32)
         drafted = gamma if drafted is None else drafted
         reached = jnp.minimum(num_accepted + 1, drafted)
-        return self.replace(rounds=self.rounds + a, drafted=self.drafted + drafted * a, reached=self.reached + reached * a,
+        return self.replace(rounds=self.rounds + a, drafted=self.drafted + drafted * a,
+                            reached=self.reached + reached * a,
                             accepted=self.accepted + num_accepted * a, accepted_at=self.accepted_at + hit * a[:, None],
                             target_calls=self.target_calls + a, generated=self.generated + emitted * a)
 
