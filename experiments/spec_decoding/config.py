@@ -19,11 +19,14 @@ class SpecDecodingConfig:
     # trained Medusa heads (python -m experiments.medusa_heads writes them); null: heads initialised from
     # the target's LM head, untrained (smoke only)
     medusa_heads: Optional[str] = "runs/medusa_heads/tiny-code"
-    methods: tuple = ("draft_model", "ngram", "medusa")
+    methods: tuple = ("draft_model", "ngram", "medusa")  # also "suffix" (SuffixDecoding: host suffix trees)
     gammas: tuple = (1, 2, 3, 4, 5, 6, 7, 8)   # Medusa rows stop at its number of heads
     batches: tuple = (1, 4, 16)
     temperatures: tuple = (0.0, 1.0)
     prompt_len: int = 64              # prompts: windows of the pycode val split (random ids for presets)
+    # a repetitive prompt set: each prompt is a window of prompt_len / 2 tokens written twice (an edit or a
+    # summary that quotes its input), where copying proposers (ngram, suffix) have something to copy
+    repetitive_prompts: bool = False
     min_prompts: int = 8              # each point covers >= this many prompts: ceil(min_prompts / batch) sets
                                       # of batch, each timed on its own (one prompt's α is not the draft's α)
     max_tokens: int = 64

@@ -31,7 +31,8 @@ import time
 import jax
 import numpy as np
 
-from jaxserve.speculative.generate import medusa_generate, ngram_generate, speculative_generate, target_only_generate
+from jaxserve.speculative.generate import (medusa_generate, ngram_generate, speculative_generate, suffix_generate,
+                                           target_only_generate)
 from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize
 
 
@@ -97,11 +98,12 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
 
     prompts: i32[B, L], or i32[S, B, L] for S sets of B, each timed on its own and the sets' times
     summed (lens i32[B] or i32[S, B] alike). method: "draft_model" (draft proposes), "ngram" (prompt
-    lookup; draft unused) or "medusa" (draft is (MedusaConfig, heads params)). draft_head: the draft restricted
+    lookup; draft unused), "suffix" (suffix trees on the host; draft unused) or "medusa" (draft is
+    (MedusaConfig, heads params)). draft_head: the draft restricted
     to some tokens (``jaxserve.speculative.draft_vocab``).
     """
-    if method not in ("draft_model", "ngram", "medusa"):
-        raise ValueError(f"method must be 'draft_model', 'ngram' or 'medusa', got {method!r}")
+    if method not in ("draft_model", "ngram", "medusa", "suffix"):
+        raise ValueError(f"method must be 'draft_model', 'ngram', 'medusa' or 'suffix', got {method!r}")
     (tcfg, tparams), (dcfg, dparams) = target, draft[:2]
     sets = _prompt_sets(prompts)
     lens = np.broadcast_to(np.asarray(lens).reshape(-1, sets.shape[1]), sets.shape[:2])
@@ -118,6 +120,8 @@ def measure_point(target, draft, prompts: np.ndarray, lens: np.ndarray, *, gamma
         def gen(p, n, seeds):
             if method == "ngram":
                 return ngram_generate(tparams, tcfg, p, n, seeds=seeds, **kw)
+            if method == "suffix":  # a fresh cache per call: no call drafts from an earlier call's outputs
+                return suffix_generate(tparams, tcfg, p, n, seeds=seeds, **kw)
             if method == "medusa":
                 return medusa_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, **kw)
             return speculative_generate(tparams, tcfg, dparams, dcfg, p, n, seeds=seeds, draft_head=draft_head, **kw)
@@ -181,8 +185,11 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
+            # suffix decoding without its global tree: every timed call repeats the same prompts, and would
+            # draft from the previous call's (greedy: identical) outputs
             spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma,
-                                     draft_vocab_size=draft_vocab_size if method == "draft_model" else None)
+                                     draft_vocab_size=draft_vocab_size if method == "draft_model" else None,
+                                     suffix_max_cached_requests=0)
             llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
             # its own engine (same jitted programs), so that llm.stats() counts only the full calls
             prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)

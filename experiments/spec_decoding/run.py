@@ -2,7 +2,7 @@
 
     python -m experiments.spec_decoding [preset=smoke] [key=value ...]
 
-Three proposers (a draft model, n-gram prompt lookup, Medusa heads) on two paths: the jitted
+Four proposers (a draft model, n-gram prompt lookup, Medusa heads, suffix decoding) on two paths: the jitted
 while-loop generators (``jaxserve.speculative.generate``: the whole batch in one program) and the engine
 (``LLM.generate`` with ``SpeculativeConfig``: one round per continuous-batching step). Each point
 is timed against target-only decoding of the same prompts, alternating with it call by call.
@@ -54,7 +54,11 @@ def load(name: str, seed: int, matmul_dtype: str | None = None):
 def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
     """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) prompt sets (each timed on its own)."""
     sets = -(-cfg.min_prompts // batch)
-    prompts = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len, cfg.seed + batch)
+    if cfg.repetitive_prompts:
+        half = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len - cfg.prompt_len // 2, cfg.seed + batch)
+        prompts = np.concatenate([half, half[:, :cfg.prompt_len // 2]], axis=1)
+    else:
+        prompts = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len, cfg.seed + batch)
     return prompts.reshape(sets, batch, cfg.prompt_len)
 
 
@@ -67,8 +71,9 @@ def proposers(cfg, tcfg, tparams):
         out["draft_model"] = (dcfg, dparams)
         if cfg.draft_vocab_size:  # no tokenizer: the engine points build the target from params without its own
             out["draft_model"] += (None, load_counts(model_path(cfg.draft), dcfg.vocab_size))
-    if "ngram" in cfg.methods + cfg.engine_methods:
-        out["ngram"] = None
+    for method in ("ngram", "suffix"):
+        if method in cfg.methods + cfg.engine_methods:
+            out[method] = None
     if "medusa" in cfg.methods + cfg.engine_methods:
         if cfg.medusa_heads is None:
             hcfg = MedusaConfig(tcfg.hidden_size, tcfg.vocab_size, max(cfg.gammas + cfg.engine_gammas))
@@ -93,9 +98,10 @@ def run(cfg, out):
         restricted = f" proposing only its {cfg.draft_vocab_size} most frequent tokens (its LM head cut to them)"
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     heads = props["medusa"][0].num_heads if "medusa" in props else 0
+    prompt_set = " (repetitive: each a half-length window written twice)" if cfg.repetitive_prompts else ""
     out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
-             f"Prompts of {cfg.prompt_len} tokens, {cfg.max_tokens} generated per row (engine: "
+             f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
              "with as many of its own baseline (so drift in the machine's speed hits both alike). A point covers "
              f"at least {cfg.min_prompts} prompts: batches smaller than that run ceil({cfg.min_prompts} / batch) "

@@ -178,12 +178,14 @@ class RunnerOutput:
     target's raw logits, in order (a round's may run past a stop the scheduler cuts at).
     ``top``: only when asked (beam search), per sequence id, the NUM_TOP_LOGPROBS most likely next
     tokens' log-probs f32[k] and ids i32[k]. ``accepted``: per sequence id that ran a round, the
-    draft tokens accepted; ``target_rows``: target positions sampled or verified (metrics).
+    draft tokens accepted; ``drafted``: the tokens it proposed, when fewer than γ can be (suffix
+    decoding); ``target_rows``: target positions sampled or verified (metrics).
     """
     sampled: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     top: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
+    drafted: dict[int, int] = field(default_factory=dict)
     target_rows: int = 0
 
     def merge(self, other: RunnerOutput) -> RunnerOutput:
@@ -191,6 +193,7 @@ class RunnerOutput:
         self.logprobs.update(other.logprobs)
         self.top.update(other.top)
         self.accepted.update(other.accepted)
+        self.drafted.update(other.drafted)
         self.target_rows += other.target_rows
         return self
 

@@ -67,7 +67,7 @@ class LLM:
         With ``speculative``, ``draft`` gives the proposer's weights in memory: ``(ModelConfig, params)``
         (or with a third item, the draft's tokenizer, and a fourth, its token counts i64[V] for
         ``draft_vocab_size``) for ``draft_model``, ``(MedusaConfig, params)`` for ``medusa``; None for
-        ``ngram`` or to load from the paths in ``speculative``.
+        ``ngram`` and ``suffix`` or to load from the paths in ``speculative``.
         ``router_state``: an MoE's loss-free balancing biases (``jaxserve.moe.init_router_state`` layout).
         """
         engine_config = _engine_config(engine_overrides)
@@ -255,7 +255,7 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
             raise ValueError("SpeculativeConfig(method='medusa') needs medusa_heads (a directory of trained heads)")
         from jaxserve.speculative.medusa import load_heads
         return _proposer(spec, config, tokenizer, *load_heads(spec.medusa_heads), None)
-    return Proposer("ngram")
+    return Proposer(spec.method)  # ngram, suffix: no weights
 
 
 def _proposer(spec, config, tokenizer, proposer_config, proposer_params, proposer_tokenizer,
@@ -274,4 +274,4 @@ def _proposer(spec, config, tokenizer, proposer_config, proposer_params, propose
     if spec.method == "medusa":
         check_medusa_matches(config, proposer_config, spec.gamma)
         return Proposer(spec.method, proposer_config, proposer_params)
-    return Proposer("ngram")
+    return Proposer(spec.method)  # ngram, suffix: no weights

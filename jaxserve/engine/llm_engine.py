@@ -188,7 +188,8 @@ class LLMEngine:
                                        lps[i] if i < len(lps) else None)
                              for i, t in enumerate(s.output_token_ids[start:])]
         if self.spec_stats is not None:
-            self.spec_stats.record_step(list(result.accepted.values()), result.target_rows, len(produced))
+            drafted = [result.drafted[k] for k in result.accepted] if result.drafted else None
+            self.spec_stats.record_step(list(result.accepted.values()), result.target_rows, len(produced), drafted)
         return produced
 
     def _finish(self, req: Request) -> RequestOutput:

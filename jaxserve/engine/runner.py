@@ -14,7 +14,8 @@ fill entries (prefill chunks, recompute after preemption, decodes the token budg
 lookahead) run one packed target pass, sample where an entry ends, and run the draft over the same
 tokens; round entries (decodes the scheduler gave ``num_lookahead = γ`` slots) run ONE round of
 ``spec_round`` / ``ngram_round`` / ``medusa_round``, the functions ``speculative_generate`` runs inside
-its ``lax.while_loop``. Rollback is lengths only: the scheduler keeps the accepted tokens.
+its ``lax.while_loop``, or ``suffix_round`` over drafts this runner's host suffix trees made.
+Rollback is lengths only: the scheduler keeps the accepted tokens.
 The programs (``step_programs``) are bucketed (``batching.BucketPolicy``); ``num_compilations``
 counts the traces this runner's calls caused, ``num_buckets`` bounds them.
 """
@@ -38,6 +39,7 @@ from jaxserve.models.loading import to_device
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.speculative.round import RoundInputs
+from jaxserve.speculative.suffix_tree import SuffixCache
 
 # Warm-up's one token: position 0, attending to one cached slot, written nowhere (slot -1).
 WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
@@ -73,6 +75,11 @@ class ModelRunner:
                 self.draft_pool = new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)
         # Medusa: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
         self._hidden: dict[int, tuple[object, np.ndarray]] = {}
+        # suffix decoding: the host trees, and the live sequences whose outputs join the global tree at the end
+        self._suffix = None if proposer is None or proposer.method != "suffix" else SuffixCache(
+            speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
+            speculative.suffix_min_token_prob)
+        self._suffix_seqs: dict[int, object] = {}
         self.num_compilations = 0
 
     @property
@@ -88,6 +95,8 @@ class ModelRunner:
             return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs)
         if top_logprobs:
             raise ValueError("top_logprobs needs a runner without speculative decoding")
+        if self._suffix is not None:
+            self._retire_suffix(out.scheduled)
         fill = [e for e in out.scheduled if not e.num_lookahead]
         rounds = [e for e in out.scheduled if e.num_lookahead]
         result = self._fill(fill) if fill else RunnerOutput()
@@ -161,13 +170,16 @@ class ModelRunner:
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 
     def _round(self, entries: list[ScheduledSequence]) -> RunnerOutput:
-        toks, num_accepted, lps, hidden = self._run_round(*self._round_inputs(entries, *self.buckets.round(entries)))
+        inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
+        toks, num_accepted, lps, hidden = self._run_round(inputs, extra)
         result = RunnerOutput(target_rows=len(entries))
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
             result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()
             result.accepted[e.seq_id] = n
+            if self._suffix is not None:
+                result.drafted[e.seq_id] = int(extra[1][i])
             if self.proposer.method == "medusa":
                 self._hidden[e.seq_id] = (e.seq, hidden[i])
         return result
@@ -202,8 +214,33 @@ class ModelRunner:
                                  seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
         inputs = RoundInputs(block_tables=tables, positions=positions, prev_tokens=prev, last_tokens=last,
                              active=np.arange(b) < len(entries), sampling=sampling)
+        if method == "suffix":
+            return inputs, self._suffix_drafts(entries, b)
         extra = {"draft_model": self.proposer.head, "ngram": history, "medusa": hidden}[method]
         return inputs, extra
+
+    def _suffix_drafts(self, entries: list[ScheduledSequence], b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each round row's host draft from its suffix trees, brought up to its last token first:
+        drafts i32[B, G] and their lengths i32[B] (0 for padding rows)."""
+        drafts, lengths = np.zeros((b, self.gamma), np.int32), np.zeros(b, np.int32)
+        for i, e in enumerate(entries):
+            have = self._suffix.num_tokens(e.seq_id)
+            if have > e.start_pos + 1:  # never expected (tokens only grow): start the sequence's tree again
+                self._suffix.finish(e.seq_id)
+                have = 0
+            self._suffix.extend(e.seq_id, e.seq.token_slice(have, e.start_pos + 1))
+            d = self._suffix.propose(e.seq_id, self.gamma).tokens
+            drafts[i, :len(d)], lengths[i] = d, len(d)
+        return drafts, lengths
+
+    def _retire_suffix(self, scheduled: list[ScheduledSequence]) -> None:
+        """Finished sequences' trees go; their outputs join the global tree (earlier requests' outputs)."""
+        for e in scheduled:
+            self._suffix_seqs.setdefault(e.seq_id, e.seq)
+        for seq_id, seq in list(self._suffix_seqs.items()):
+            if seq.is_finished:
+                self._suffix.finish(seq_id, seq.output_token_ids)
+                del self._suffix_seqs[seq_id]
 
     def _medusa_state(self, seq) -> np.ndarray:
         """The sequence's hidden; a forked sample starts from its request's prompt hidden (same position)."""

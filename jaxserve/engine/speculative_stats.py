@@ -19,13 +19,17 @@ class SpeculativeStats:
 
     def reset(self) -> None:
         z = np.zeros(1, np.int64)
-        self.metrics = SpecMetrics(z, z, z, np.zeros((1, self.gamma), np.int64), z, z)
+        self.metrics = SpecMetrics(z, z, z, np.zeros((1, self.gamma), np.int64), z, z, z)
 
-    def record_step(self, accepted: list[int], target_rows: int, generated: int) -> None:
-        """A step's rounds (drafts accepted per round), target positions sampled or verified, tokens emitted."""
+    def record_step(self, accepted: list[int], target_rows: int, generated: int,
+                    drafted: list[int] | None = None) -> None:
+        """A step's rounds (drafts accepted per round), target positions sampled or verified, tokens emitted;
+        ``drafted``: tokens proposed per round (None: γ each)."""
         m, g, n = self.metrics, self.gamma, np.asarray(accepted, np.int64)
         hit = (np.arange(g)[None, :] < n[:, None]).sum(0)
-        self.metrics = m.replace(rounds=m.rounds + len(n), drafted=m.drafted + g * len(n),
+        d = np.full(len(n), g, np.int64) if drafted is None else np.asarray(drafted, np.int64)
+        self.metrics = m.replace(rounds=m.rounds + len(n), drafted=m.drafted + int(d.sum()),
+                                 reached=m.reached + int(np.minimum(n + 1, d).sum()),
                                  accepted=m.accepted + int(n.sum()), accepted_at=m.accepted_at + hit,
                                  target_calls=m.target_calls + target_rows, generated=m.generated + generated)
 

@@ -25,6 +25,7 @@ from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.rejection import sample_tokens
 from jaxserve.speculative.round import RoundInputs, spec_round
+from jaxserve.speculative.given_round import suffix_round
 
 TRACES = [0]  # incremented while tracing: one per compiled program
 
@@ -85,7 +86,8 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
                max_ngram: int, min_ngram: int, quant=None):
     """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1], Medusa's
     next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the n-gram history i32[B, H], the
-    Medusa hidden f32[B, E], or the draft's restricted head (a ``DraftHead`` or None)."""
+    Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), or suffix decoding's
+    host drafts i32[B, G] and their lengths i32[B]."""
     TRACES[0] += 1
     with matmul_context(quant):
         if method == "draft_model":
@@ -95,6 +97,9 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
         elif method == "ngram":
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
                             max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
+        elif method == "suffix":
+            r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config,
+                             attention_impl=attention_impl)
         else:
             r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
                              heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)

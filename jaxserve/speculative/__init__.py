@@ -22,6 +22,10 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "restrict_head": "jaxserve.speculative.draft_vocab",
     "spec_round": "jaxserve.speculative.round",
     "speculative_generate": "jaxserve.speculative.generate",
+    "SuffixCache": "jaxserve.speculative.suffix_tree",
+    "SuffixTree": "jaxserve.speculative.suffix_tree",
+    "suffix_generate": "jaxserve.speculative.generate",
+    "suffix_round": "jaxserve.speculative.given_round",
     "summarize": "jaxserve.speculative.metrics",
     "target_only_generate": "jaxserve.speculative.generate",
 })
@@ -29,9 +33,12 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from jaxserve.speculative.config import SpeculativeConfig
     from jaxserve.speculative.draft_vocab import DraftHead, restrict_head
-    from jaxserve.speculative.generate import medusa_generate, ngram_generate, speculative_generate, target_only_generate
+    from jaxserve.speculative.generate import (medusa_generate, ngram_generate, speculative_generate, suffix_generate,
+                                               target_only_generate)
     from jaxserve.speculative.medusa import MedusaConfig, load_heads, medusa_round
     from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize
     from jaxserve.speculative.ngram import ngram_propose, ngram_round
     from jaxserve.speculative.rejection import probs_from_logits, rejection_sample
     from jaxserve.speculative.round import RoundInputs, RoundOutputs, spec_round
+    from jaxserve.speculative.given_round import suffix_round
+    from jaxserve.speculative.suffix_tree import SuffixCache, SuffixTree

@@ -6,7 +6,10 @@ num_speculative_tokens=4))``. Methods:
 - ``draft_model``: a small model with the target's vocabulary (and tokenizer) proposes γ tokens;
 - ``ngram``: prompt lookup over the sequence's own tokens (no extra weights);
 - ``medusa``: Medusa-1 heads on the target's last hidden state (``medusa_heads``: a directory
-  written by ``experiments/medusa_heads/train.py``); γ is at most the number of heads.
+  written by ``experiments/medusa_heads/train.py``); γ is at most the number of heads;
+- ``suffix``: SuffixDecoding (``jaxserve.speculative.suffix_tree``): suffix trees on the host over the
+  request's prompt and outputs and over earlier requests' outputs; each round drafts 0..γ tokens per
+  sequence, fewer when the matched context is short (``suffix_spec_factor`` x match length).
 
 Every proposal is verified by one target pass with the exact rejection rule, so the output
 distribution is the target's whatever the method.
@@ -18,9 +21,10 @@ import json
 from typing import Any
 
 from jaxserve.config import DTYPES
+from jaxserve.speculative.suffix_tree import check_suffix_settings
 from jaxserve.validation import is_int
 
-METHODS = ("draft_model", "ngram", "medusa")
+METHODS = ("draft_model", "ngram", "medusa", "suffix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,13 @@ class SpeculativeConfig:
     medusa_heads: str | None = None  # method "medusa": directory of trained heads
     max_ngram: int = 3  # method "ngram": longest / shortest suffix looked up
     min_ngram: int = 1
+    # method "suffix": the trees' depth (longest context matched), finished requests whose outputs the
+    # global tree keeps (FIFO), draft length <= floor(factor x match length), and the estimated path
+    # probability a drafted token needs (SuffixDecoding's defaults: factor 1, probability 0.1)
+    suffix_max_depth: int = 32
+    suffix_max_cached_requests: int = 256
+    suffix_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
     # method "draft_model": the draft's Dense dot operands (ModelConfig.matmul_dtype); None: the target's
     # (LLM's matmul_dtype). Only acceptance depends on it, never the output. A small draft can be faster in
     # float32 next to a bf16-matmul target: its tiny one-row dots gain nothing from bf16 but pay its
@@ -54,6 +65,9 @@ class SpeculativeConfig:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"SpeculativeConfig needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, "
                              f"{self.max_ngram}")
+        check_suffix_settings("SpeculativeConfig", "suffix_", max_depth=self.suffix_max_depth,
+                              max_cached_requests=self.suffix_max_cached_requests,
+                              spec_factor=self.suffix_spec_factor, min_token_prob=self.suffix_min_token_prob)
         if self.draft_matmul_dtype is not None and self.draft_matmul_dtype not in DTYPES:
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype must be None or one of {DTYPES}, "
                              f"got {self.draft_matmul_dtype!r}")

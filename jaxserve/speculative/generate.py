@@ -8,7 +8,8 @@ per sequence.
 sampling, roll back by positions) plus EOS / max_tokens bookkeeping; the loop ends when every
 sequence is done. ``target_only_generate`` is the same program with a plain decode step as the
 body; ``ngram_generate`` and ``medusa_generate`` swap the draft for prompt lookup or Medusa heads.
-Nothing returns to the host until the batch is finished.
+Nothing returns to the host until the batch is finished. ``suffix_generate`` is the exception: its
+suffix trees live on the host, so it runs one jitted round per host iteration (see its docstring).
 
 Shapes are bucketed (powers of two for B, Lp and N), so one program serves every call in a
 (batch, prompt, output, γ) bucket; per-request lengths, max_tokens, sampling settings, seeds and
@@ -17,6 +18,7 @@ EOS are arrays. Each sequence's pages are pre-allocated contiguously with γ+1 l
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from functools import partial
 
@@ -40,8 +42,11 @@ from jaxserve.speculative.metrics import SpecMetrics
 from jaxserve.speculative.rejection import PAD_TOKEN, sample_tokens
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.round import RoundInputs, slots_for, spec_round
+from jaxserve.speculative.given_round import suffix_round
+from jaxserve.speculative.suffix_tree import SuffixCache
 
 TRACES: Counter = Counter()  # program name -> times traced (== compiled)
+_SUFFIX_CALLS = itertools.count()  # suffix_generate's request keys in a shared SuffixCache
 
 
 @struct.dataclass
@@ -105,7 +110,7 @@ def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampl
 
 
 def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens, eos, target_pool,
-            draft_pool=None, hidden=None) -> LoopState:
+            draft_pool=None, hidden=None, drafted=None) -> LoopState:
     """Appends each active row's emitted tokens, truncated at EOS and max_tokens, and updates done."""
     active = state.inputs.active
     g1 = tokens.shape[1]
@@ -122,7 +127,7 @@ def _commit(state: LoopState, tokens, num_accepted, nxt: RoundInputs, max_tokens
     history = jnp.where(active[:, None], recorded, state.history)
     num_generated = state.num_generated + jnp.where(active, emitted, 0)
     done = state.done | (active & ((until_eos <= emitted) | (num_generated >= max_tokens)))
-    metrics = state.metrics.record_round(active, num_accepted, emitted)
+    metrics = state.metrics.record_round(active, num_accepted, emitted, drafted)
     return LoopState(target_pool, draft_pool, hidden, nxt.replace(active=~done), out, history, num_generated, done,
                      metrics)
 
@@ -220,6 +225,61 @@ def _medusa_program(target_params, draft_params, prompts, prompt_lens, max_token
 
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
+
+
+@partial(jax.jit, static_argnames=("target_config", "gamma", "block_size", "pages_per_seq", "capacity",
+                                   "attention_impl"))
+def _suffix_start(target_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *, target_config, gamma,
+                  block_size, pages_per_seq, capacity, attention_impl) -> LoopState:
+    TRACES["suffix_start"] += 1
+    return _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, gamma=gamma,
+                  block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity, attention_impl=attention_impl)
+
+
+@partial(jax.jit, static_argnames=("target_config", "attention_impl"), donate_argnames=("state",))
+def _suffix_step(target_params, state: LoopState, drafts, num_drafts, max_tokens, eos, *, target_config,
+                 attention_impl):
+    """One round over host drafts i32[B, G] of lengths i32[B] -> (state, tokens i32[B, G+1], accepted i32[B])."""
+    TRACES["suffix_round"] += 1
+    r = suffix_round(target_params, state.target_pool, state.inputs, drafts, num_drafts,
+                     target_config=target_config, attention_impl=attention_impl)
+    state = _commit(state, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool,
+                    drafted=jnp.clip(num_drafts, 0, drafts.shape[1]))
+    return state, r.tokens, r.num_accepted
+
+
+def _suffix_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
+                    target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl,
+                    cache: SuffixCache):
+    """The host loop of ``suffix_generate``: prefill, then per round host drafts -> one jitted round."""
+    del draft_params, draft_config
+    state = _suffix_start(target_params, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                          target_config=target_config, gamma=gamma, block_size=block_size,
+                          pages_per_seq=pages_per_seq, capacity=capacity, attention_impl=attention_impl)
+    first, done = jax.device_get((state.inputs.last_tokens, state.done))
+    call = next(_SUFFIX_CALLS)
+    keys = [("suffix_generate", call, i) for i in range(prompts.shape[0])]
+    for i in np.flatnonzero(real):
+        cache.extend(keys[i], [*prompts[i, :prompt_lens[i]].tolist(), int(first[i])])
+    drafts = np.zeros((prompts.shape[0], gamma), np.int32)
+    widths = powers_of_two(1, gamma)  # a round verifies only as many slots as its longest draft (bucketed)
+    while not done.all():
+        num_drafts = np.zeros(prompts.shape[0], np.int32)
+        for i in np.flatnonzero(~done):
+            d = cache.propose(keys[i], gamma).tokens
+            drafts[i, :len(d)], num_drafts[i] = d, len(d)
+        width = min(bucket(max(int(num_drafts.max()), 1), widths), gamma)
+        state, toks, acc = _suffix_step(target_params, state, drafts[:, :width], num_drafts, max_tokens, eos,
+                                        target_config=target_config, attention_impl=attention_impl)
+        live = ~done
+        toks, acc, done = jax.device_get((toks, acc, state.done))
+        for i in np.flatnonzero(live):
+            cache.extend(keys[i], toks[i, :acc[i] + 1].tolist())
+    tokens, num_generated, metrics = _finish(state, capacity)
+    tokens_h, n_h = np.asarray(tokens), np.asarray(num_generated)
+    for i in range(prompts.shape[0]):
+        cache.finish(keys[i], tokens_h[i, :n_h[i]].tolist() if real[i] else None)
+    return tokens, num_generated, metrics
 
 
 def _per_row(value, b: int, dtype, name: str) -> np.ndarray:
@@ -350,3 +410,29 @@ def medusa_generate(target_params: dict, target_config: ModelConfig, heads_param
                 gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
                 eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl,
                 heads_config=heads_config)
+
+
+def suffix_generate(target_params: dict, target_config: ModelConfig, prompts, prompt_lens, *, gamma: int = 4,
+                    max_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seeds=0, eos_token_id: int | None = None,
+                    block_size: int = 16, attention_impl: str = "auto", cache: SuffixCache | None = None):
+    """``speculative_generate`` with suffix decoding proposing (``jaxserve.speculative.suffix_tree``); same
+    outputs. Each round a row drafts 0..``gamma`` tokens from its suffix trees (its prompt and outputs so
+    far, and ``cache``'s global tree of earlier outputs); the target verifies them exactly (``suffix_round``),
+    in a program as wide as the round's longest draft rounded up to a power of two (capped at γ; at most
+    ceil(log2 γ) + 1 round programs per bucket): rounds whose contexts matched little verify few slots.
+
+    ``cache``: a ``SuffixCache`` (its depth, adaptive-length factor, probability floor and global bound
+    apply) that keeps this call's outputs for later calls; None: a fresh default one.
+
+    Unlike the other generators this is not one ``lax.while_loop``: the trees are dynamic host
+    structures (tries of Python dicts that grow with every token) that no traced program can hold, and
+    a host callback inside the loop would stop the device every round anyway. So the loop runs on the
+    host: one jitted round per iteration (the KV pool and the loop state stay on the device, donated),
+    a sync per round for the emitted tokens, the trees updated between rounds.
+    """
+    cache = SuffixCache() if cache is None else cache
+    if not isinstance(cache, SuffixCache):
+        raise ValueError(f"cache must be a SuffixCache or None, got {type(cache).__name__}")
+    return _run(_suffix_program, target_params, target_config, None, None, prompts, prompt_lens, gamma=gamma,
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl, cache=cache)

@@ -27,18 +27,26 @@ class SpecMetrics:
     accepted_at: jax.Array  # i32[B, G]: rounds in which draft position j was accepted
     target_calls: jax.Array  # i32[B]: target forward passes (prefill + one per round or decode step)
     generated: jax.Array  # i32[B]: tokens returned to the caller
+    # i32[B]: draft positions reached (proposed, every earlier draft of the round accepted): min(accepted + 1,
+    # drafted) per round; the denominator of α, right when rounds propose fewer than γ (suffix decoding)
+    reached: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, gamma: int) -> "SpecMetrics":
         z = jnp.zeros(batch, jnp.int32)
-        return cls(z, z, z, jnp.zeros((batch, gamma), jnp.int32), z, z)
+        return cls(z, z, z, jnp.zeros((batch, gamma), jnp.int32), z, z, z)
 
-    def record_round(self, active: jax.Array, num_accepted: jax.Array, emitted: jax.Array) -> "SpecMetrics":
-        """One speculative round: active bool[B], num_accepted i32[B], emitted i32[B] (after truncation)."""
+    def record_round(self, active: jax.Array, num_accepted: jax.Array, emitted: jax.Array,
+                     drafted: jax.Array | None = None) -> "SpecMetrics":
+        """One speculative round: active bool[B], num_accepted i32[B], emitted i32[B] (after truncation);
+        drafted i32[B]: the tokens each row proposed (None: γ, every proposer but suffix decoding's)."""
         a = active.astype(jnp.int32)
         gamma = self.accepted_at.shape[1]
         hit = (jnp.arange(gamma)[None, :] < num_accepted[:, None]).astype(jnp.int32)
-        return self.replace(rounds=self.rounds + a, drafted=self.drafted + gamma * a,
+        drafted = gamma if drafted is None else drafted
+        reached = jnp.minimum(num_accepted + 1, drafted)
+        return self.replace(rounds=self.rounds + a, drafted=self.drafted + drafted * a,
+                            reached=self.reached + reached * a,
                             accepted=self.accepted + num_accepted * a, accepted_at=self.accepted_at + hit * a[:, None],
                             target_calls=self.target_calls + a, generated=self.generated + emitted * a)
 
@@ -49,7 +57,7 @@ def summarize(metrics: SpecMetrics, rows: int | None = None) -> dict:
     rounds, drafted, accepted = int(m.rounds.sum()), int(m.drafted.sum()), int(m.accepted.sum())
     generated, calls = int(m.generated.sum()), int(m.target_calls.sum())
     at = m.accepted_at.sum(0)
-    reached = rounds + int(at[:-1].sum())  # position j is reached in rounds that accepted j-1 drafts
+    reached = int(m.reached.sum())
     return {
         "acceptance_rate": accepted / drafted if drafted else float("nan"),
         "token_acceptance_prob": accepted / reached if reached else float("nan"),

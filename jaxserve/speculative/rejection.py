@@ -103,7 +103,8 @@ def greedy_accept(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[ja
 
 
 def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
-                     uniforms: jax.Array, greedy: jax.Array) -> tuple[jax.Array, jax.Array]:
+                     uniforms: jax.Array, greedy: jax.Array, valid: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array]:
     """Accepts a prefix of each row's draft and appends one target token.
 
     draft_tokens i32[B, G]; draft_probs f32[B, G, V] (the q each draft token was drawn from);
@@ -111,7 +112,9 @@ def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_pro
     ``[:, :G, V]`` and ``[:, G, :V]`` are read here); greedy bool[B].
     Returns ``(tokens i32[B, G+1], num_accepted i32[B])``: row b emits
     ``tokens[b, :num_accepted[b] + 1]`` (accepted drafts, then the correction or bonus token);
-    later slots hold ``PAD_TOKEN``.
+    later slots hold ``PAD_TOKEN``. ``valid`` bool[B, G] (None: all): a row's drafts past its own
+    length; they are never accepted, and their draft_probs must be zeros, so the draw at the first of
+    them is from p itself (the plain decode draw), as if the row had proposed no more.
     """
     b, g = draft_tokens.shape
     accept_u = uniforms[:, :g, -1]  # f32[B, G]
@@ -120,6 +123,8 @@ def rejection_sample(draft_tokens: jax.Array, draft_probs: jax.Array, target_pro
     target_argmax = argmax_first(target_probs)  # i32[B, G+1]
     # u < p/q without dividing: x was drawn from q, so q(x) > 0 whenever it matters
     accept = jnp.where(greedy[:, None], draft_tokens == target_argmax[:, :g], accept_u * q_x < p_x)
+    if valid is not None:
+        accept &= valid
     num_accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # i32[B]
 
     # Residual at the first rejection; at position G (all accepted) q is zero, so it is p itself.

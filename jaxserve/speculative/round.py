@@ -181,18 +181,27 @@ def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, dra
 
 
 def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, target_logits: jax.Array,
-                       u: jax.Array, target_pool: KVPool, draft_pool: KVPool | None) -> RoundOutputs:
+                       u: jax.Array, target_pool: KVPool, draft_pool: KVPool | None,
+                       num_drafts: jax.Array | None = None) -> RoundOutputs:
     """Rejection-samples proposals x i32[B, G] against the target's logits f32[B, G+1, V], and advances
     active rows. q f32[B, G, V]: the distributions x was drawn from; None for deterministic proposals
     (n-gram, Medusa's top-1 chain: q is the one-hot of x). When every row is greedy the acceptance is
-    ``greedy_accept`` on the logits: no distributions are built (q may then be anything)."""
+    ``greedy_accept`` on the logits: no distributions are built (q may then be anything).
+    ``num_drafts`` i32[B] in [0, G] (deterministic proposals only; None: G): row b proposed only
+    x[b, :num_drafts[b]]; the rest is padding, never accepted (see ``rejection_sample``'s ``valid``)."""
     s = inputs.sampling
     greedy = s.temperature <= 0
+    valid = None if num_drafts is None else jnp.arange(x.shape[1])[None, :] < num_drafts[:, None]
 
     def exact():
         dq = jax.nn.one_hot(x, target_logits.shape[-1], dtype=jnp.float32) if q is None else q
-        return rejection_sample(x, dq, _probs(target_logits, s), u, greedy)
-    tokens, n = jax.lax.cond(jnp.all(greedy), lambda: greedy_accept(x, target_logits), exact)
+        if valid is not None:
+            dq = jnp.where(valid[..., None], dq, 0.0)
+        return rejection_sample(x, dq, _probs(target_logits, s), u, greedy, valid)
+
+    def greedy_only():  # PAD_TOKEN is never the argmax: a padded draft is rejected
+        return greedy_accept(x if valid is None else jnp.where(valid, x, PAD_TOKEN), target_logits)
+    tokens, n = jax.lax.cond(jnp.all(greedy), greedy_only, exact)
     n = jnp.where(inputs.active, n, 0)
     rows = jnp.arange(n.shape[0])
     prev = jnp.where(n == 0, inputs.last_tokens, x[rows, jnp.maximum(n - 1, 0)])

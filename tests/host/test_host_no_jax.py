@@ -16,6 +16,7 @@ HOST_MODULES = [
     "jaxserve.engine.sequence", "jaxserve.engine.scheduler",
     "jaxserve.engine.outputs", "jaxserve.engine.streaming",
     "jaxserve.sampling_params", "jaxserve.config", "jaxserve.validation", "jaxserve.speculative.config",
+    "jaxserve.speculative.suffix_tree",
     "jaxserve.tokenizer", "jaxserve.tokenizer_gguf", "jaxserve.chat_template",
     "jaxserve.zoo", "jaxserve.cli",  # `jaxserve --help` answers without loading JAX
     "jaxserve.engine.beam_search", "jaxserve.engine.batching",

@@ -3,7 +3,8 @@
 Greedy outputs are checked against an uncached ``forward_full`` oracle, sampled ones with the
 randomised-PIT test of ``test_generate`` under the target's exact conditionals. Every engine here
 shares one model config and one engine config, so the draft-model programs compile once for the
-module (compiles dominate its run time on CPU); n-gram and Medusa engines are marked slow.
+module (compiles dominate its run time on CPU); n-gram and Medusa engines are marked slow (suffix
+decoding's round program is one more, ~5 s, and it is the only test of the engine's host drafts).
 """
 import jax
 import jax.numpy as jnp
@@ -263,6 +264,35 @@ def test_ngram_engine_greedy_equals_target_greedy(models, prompts, oracle):
     llm = spec_llm(models, draft=None, method="ngram")
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     assert llm.stats()["spec_acceptance_rate"] > 0.1  # the tiny model repeats itself: lookup pays
+
+
+def test_suffix_engine_greedy_equals_target_greedy_and_reuses_earlier_outputs(models, prompts, oracle):
+    """Suffix decoding in the engine: host trees per sequence, drafts of 0..γ tokens, exact greedy tokens;
+    the second run of the same prompts drafts from the first's outputs (the global tree)."""
+    llm = spec_llm(models, draft=None, method="suffix")
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    cold = llm.stats()
+    assert cold["spec_method"] == "suffix" and cold["spec_rounds"] > 0
+    assert cold["spec_drafted"] < cold["spec_rounds"] * GAMMA  # adaptive: short matches draft less
+    assert cold["spec_generated"] == len(prompts) * MAX_TOKENS
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
+    warm = llm.stats()
+    rounds = warm["spec_rounds"] - cold["spec_rounds"]
+    accepted = warm["spec_accepted"] - cold["spec_accepted"]
+    assert accepted / rounds > 1.5 > cold["spec_accepted"] / cold["spec_rounds"], (cold, warm)
+    assert warm["compilations"] <= warm["buckets"]
+
+
+def test_suffix_engine_sampling_follows_the_target(models):
+    """96 requests with their own seeds, 4 at a time: later ones also draft from earlier outputs."""
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, CONFIG.vocab_size, int(n)).tolist() for n in rng.integers(1, 17, 96)]
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=i, ignore_eos=True) for i in range(96)]
+    llm = spec_llm(models, draft=None, method="suffix")
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["spec_accepted"] > 100
+    stat, df = _uniformity(_pits(outs, models["target"], np.random.default_rng(12)))
+    assert stat < chi2_threshold(df), (stat, df)
 
 
 @pytest.mark.slow

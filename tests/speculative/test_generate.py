@@ -1,4 +1,4 @@
-"""speculative_generate / ngram_generate against target_only_generate: greedy parity, stopping,
+"""speculative_generate / ngram_generate / suffix_generate against target_only_generate: greedy parity, stopping,
 metrics, compiles, jaxpr, and end-to-end exactness when sampling.
 
 Every call here shares one shape bucket (batch 4, prompt 16, output 16, γ 3) and one config, so
@@ -13,7 +13,8 @@ from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import with_matmul_dtype
 from jaxserve.speculative import generate as gen
 from jaxserve.speculative.draft_vocab import restrict_head
-from jaxserve.speculative.generate import ngram_generate, speculative_generate, target_only_generate
+from jaxserve.speculative.generate import ngram_generate, speculative_generate, suffix_generate, target_only_generate
+from jaxserve.speculative.suffix_tree import SuffixCache
 from jaxserve.speculative.metrics import summarize
 from jaxserve.speculative.rejection import probs_from_logits
 from spec_stats import chi2_statistic, chi2_threshold
@@ -322,3 +323,41 @@ def test_a_bad_draft_head_raises_before_running(models, prompts):
         spec(models, prompts, draft_head=(head.token_ids, head.kernel))
     with pytest.raises(ValueError, match=r"draft_head has 4 tokens and a \(8, 4\) kernel"):
         spec(models, prompts, draft_head=head.replace(kernel=jnp.zeros((8, 4))))
+
+
+def test_suffix_greedy_equals_target_only_and_earlier_outputs_pay(models, prompts, reference):
+    """Suffix decoding: exact greedy tokens; a second call sharing the cache drafts from the first's
+    outputs (its global tree), so it accepts more; drafted counts the real (adaptive) lengths."""
+    target = models[0]
+    cache = SuffixCache(max_depth=16)
+    first = [suffix_generate(target, CONFIG, prompts, LENS, gamma=GAMMA, max_tokens=MAX_TOKENS, cache=cache)
+             for _ in range(2)]
+    for tokens, n, _ in first:
+        np.testing.assert_array_equal(np.asarray(tokens), reference)
+        np.testing.assert_array_equal(np.asarray(n), MAX_TOKENS)
+    cold, warm = (summarize(m) for _, _, m in first)
+    assert cache.num_cached == 8 and warm["mean_acceptance_length"] > cold["mean_acceptance_length"]
+    assert cold["drafted"] < cold["rounds"] * GAMMA  # short matches draft fewer than γ
+    assert warm["acceptance_rate"] > 0.9 and warm["target_calls_per_token"] < 0.5, warm
+    assert gen.TRACES["suffix_round"] <= 3  # round widths 1, 2, 3 (γ): reused round after round
+
+
+def test_suffix_sampled_stream_follows_the_target(models):
+    target = models[0]
+    cache = SuffixCache(max_depth=16)  # shared: later calls also draft from earlier calls' outputs
+    accepted = []
+
+    def suffix_gen(p, lens, seeds):
+        tokens, n, metrics = suffix_generate(target, CONFIG, p, lens, gamma=GAMMA, max_tokens=MAX_TOKENS,
+                                             temperature=TEMPS, top_k=TOP_K, top_p=TOP_P, seeds=seeds, cache=cache)
+        accepted.append(summarize(metrics)["accepted"])
+        return np.asarray(tokens), np.asarray(n)
+
+    stat, df = _uniformity(_stream_pits(suffix_gen, target, calls=60))
+    assert stat < chi2_threshold(df), (stat, df)
+    assert sum(accepted) > 300  # many tokens did come from accepted drafts
+
+
+def test_suffix_generate_rejects_a_bad_cache(models, prompts):
+    with pytest.raises(ValueError, match="cache must be a SuffixCache or None, got dict"):
+        suffix_generate(models[0], CONFIG, prompts, LENS, cache={})

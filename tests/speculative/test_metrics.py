@@ -27,3 +27,18 @@ def test_record_round_and_summary():
 def test_expected_acceptance_length_is_the_truncated_geometric_mean(alpha, gamma):
     # tokens per round = 1 + sum_{i=1..γ} α^i
     assert expected_acceptance_length(alpha, gamma) == pytest.approx(sum(alpha ** i for i in range(gamma + 1)))
+
+
+def test_rounds_that_draft_fewer_than_gamma_count_what_they_drafted():
+    """Suffix decoding proposes 0..γ per round: drafted and α's denominator follow the real lengths."""
+    m = SpecMetrics.zeros(2, 4)
+    # row 0 drafts 2 and accepts both (reached 2, not 3); row 1 drafts nothing (a plain decode: reached 0)
+    m = m.record_round(jnp.array([True, True]), jnp.array([2, 0]), jnp.array([3, 1]), jnp.array([2, 0]))
+    # row 0 drafts 3 and accepts 1 (reached 2); row 1 drafts 1, rejected (reached 1)
+    m = m.record_round(jnp.array([True, True]), jnp.array([1, 0]), jnp.array([2, 1]), jnp.array([3, 1]))
+    s = summarize(m)
+    assert s["drafted"] == 6 and s["accepted"] == 3 and s["rounds"] == 4
+    assert s["acceptance_rate"] == 3 / 6 and s["token_acceptance_prob"] == 3 / 5
+    assert s["mean_acceptance_length"] == 1 + 3 / 4
+    full = SpecMetrics.zeros(1, 4).record_round(jnp.array([True]), jnp.array([2]), jnp.array([3]))
+    assert summarize(full)["drafted"] == 4 and int(full.reached[0]) == 3  # None: γ drafted

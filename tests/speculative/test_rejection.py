@@ -158,3 +158,29 @@ def test_probs_from_logits_follows_the_sampling_settings():
     np.testing.assert_allclose(probs[2], jax.nn.softmax(logits[2] / 0.5), rtol=1e-6)
     top3 = np.argsort(np.asarray(logits[3]))[-3:]
     assert set(np.flatnonzero(probs[3])) == set(top3)
+
+
+@jax.jit
+def _sample_lengths(draft, p, u, num_drafts):
+    valid = jnp.arange(G)[None, :] < num_drafts[:, None]
+    q = jnp.where(valid[..., None], jax.nn.one_hot(draft, V), 0.0)  # deterministic drafts: one-hot q
+    return rejection_sample(draft, q, p, u, jnp.zeros(draft.shape[0], bool), valid)
+
+
+def test_drafts_past_a_rows_length_are_never_accepted_and_the_stream_stays_exact():
+    """Suffix decoding's rounds: row b proposes num_drafts[b] in [0, G] deterministic tokens; padding
+    holds the target's likeliest token, which must still never be accepted, and the draw at the first
+    padded slot is from p itself (a residual that removed the padding token would fail here)."""
+    rng = np.random.default_rng(9)
+    p1 = np.asarray(_filtered(jnp.asarray(rng.normal(size=(G + 1, V)) * 1.5, jnp.float32), 0, 1.0))
+    favourite = p1[:G].argmax(-1)
+    draft = np.broadcast_to(favourite, (N, G)).astype(np.int32)  # a good deterministic proposal
+    lengths = rng.integers(0, G + 1, N)
+    tokens, n = map(np.asarray, _sample_lengths(jnp.asarray(draft), jnp.broadcast_to(jnp.asarray(p1), (N, G + 1, V)),
+                                                _uniforms(jax.random.key(10)), jnp.asarray(lengths, jnp.int32)))
+    assert (n <= lengths).all() and (n == lengths).mean() > 0.1
+    for i in range(G + 1):
+        reached = n >= i
+        assert_matches(np.bincount(tokens[reached, i], minlength=V), p1[i], max_tv=0.05)  # chi2 is the sharp check
+        at_pad = n == lengths  # rows whose slot n is their first padded one: a plain draw from p_n
+        assert_matches(np.bincount(tokens[at_pad & (lengths == i), i], minlength=V), p1[i], max_tv=0.05)
