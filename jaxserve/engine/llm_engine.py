@@ -55,10 +55,12 @@ class LLMEngine:
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
-        layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
-        if layout is not None and speculative is not None:
+        if speculative is not None and (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != \
+                (1, 1, False):
             raise ValueError(f"speculative decoding runs on one device; got tensor_parallel_size="
-                             f"{ec.tensor_parallel_size}, enable_expert_parallel={ec.enable_expert_parallel}")
+                             f"{ec.tensor_parallel_size}, data_parallel_size={ec.data_parallel_size}, "
+                             f"enable_expert_parallel={ec.enable_expert_parallel}")
+        layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
         enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
         if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:
             raise ValueError(f"EngineConfig.max_model_len={ec.max_model_len} exceeds the model's "

@@ -1,8 +1,8 @@
 """The engine on a mesh of 8 simulated CPU devices gives the one-device outputs, for every layout.
 
 Run by test_mesh.py in a subprocess (XLA_FLAGS must be set before jax is imported). One process runs
-every check (compiling is what costs); prints one line per check and "OK" last.
-Usage: python tests/parallel/mesh_check.py [--slow]   (--slow: the whole grid of layouts and models)
+every check (compiling is what costs) and prints one line per check, "OK" last.
+Usage: python tests/parallel/mesh_check.py [--grid]   (--grid: the whole grid of layouts and models)
 """
 import os
 import sys
@@ -10,16 +10,16 @@ import sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxserve import LLM, SamplingParams  # noqa: E402
 from jaxserve.config import ModelConfig  # noqa: E402
 from jaxserve.models import init_params  # noqa: E402
+from jaxserve.parallel.hlo import collectives, gathers_of  # noqa: E402
 
 BASE = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=8, max_position_embeddings=128, eos_token_id=None)
-MODELS = {  # tiny random models of the three families (HF's config names)
+MODELS = {  # tiny random models of the three families (HF's config names; HF parity: tests/moe, tests/models)
     "llama": ModelConfig(model_type="llama", **BASE),
     "qwen3_moe": ModelConfig(model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2,
                              moe_intermediate_size=16, router="qwen3_moe", **BASE),
@@ -29,37 +29,132 @@ ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_to
 PROMPTS = [[1, 5, 9, 13, 2], [7, 7, 3], [11, 4, 8, 15, 16, 23, 42, 8, 1]]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=6, temperature=1.0, top_k=20, seed=3, ignore_eos=True)
-LAYOUTS = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
+GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
+PARAMS = {}
 
 
-def tokens(llm, params):
-    return [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+def params_of(name):
+    if name not in PARAMS:
+        PARAMS[name] = init_params(MODELS[name], jax.random.key(0))
+    return PARAMS[name]
 
 
-def layout_kw(t, ep, d):
-    return dict(tensor_parallel_size=t, enable_expert_parallel=ep, data_parallel_size=d)
+def make(name, t=1, ep=False, d=1, **kw):
+    return LLM.from_params(MODELS[name], params_of(name), **{**ENGINE, **kw}, tensor_parallel_size=t,
+                           enable_expert_parallel=ep, data_parallel_size=d)
+
+
+def tokens(llm, params, prompts=PROMPTS):
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def check_grid(names, layouts):
+    """Greedy and seeded outputs of each model equal for every layout."""
     for name in names:
-        config = MODELS[name]
-        params = init_params(config, jax.random.key(0))
         ref = None
         for t, ep, d in layouts:
-            if ep and not config.num_experts:
+            if ep and not MODELS[name].num_experts:
                 continue
-            llm = LLM.from_params(config, params, **ENGINE, **layout_kw(t, ep, d))
-            got = (tokens(llm, GREEDY), tokens(llm, SEEDED))
+            got = (tokens(llm := make(name, t, ep, d), GREEDY), tokens(llm, SEEDED))
             ref = got if ref is None else ref
             assert got == ref, (name, t, ep, d, got, ref)
-            print(f"{name} T={t} EP={ep} D={d}: greedy and seeded equal", flush=True)
+            print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
 
 
-def main(slow: bool):
-    check_grid(["llama", "qwen3_moe", "mixtral"] if slow else ["llama", "qwen3_moe"],
-               LAYOUTS if slow else [(1, False, 1), (2, False, 1), (2, True, 2)])
+def spec(x) -> tuple:
+    """x's PartitionSpec as a tuple without trailing Nones (how a step's outputs report it)."""
+    axes = list(x.sharding.spec)
+    while axes and axes[-1] is None:
+        axes.pop()
+    return tuple(axes)
+
+
+def check_shardings():
+    """Pool by KV head; Megatron params; KV heads replicated when T > K; experts over all devices."""
+    llm = make("llama", t=4)  # K=2 < T=4: each KV head twice, one per shard
+    tokens(llm, SamplingParams(max_tokens=2), PROMPTS[:1])  # the donated pool comes back as sharded
+    r = llm.engine.runner
+    layer = r.pool.layers[0]
+    assert r.config.num_kv_heads == 4 and layer.v.shape[2] == 4, r.config
+    assert spec(layer.k) == (None, "tensor") and spec(layer.v) == (None, None, "tensor")
+    assert {s.data.shape[2] for s in layer.v.addressable_shards} == {1}
+    attn, mlp = r.params["layers_0"]["attn"], r.params["layers_0"]["mlp"]
+    assert spec(attn["q_proj"]["kernel"]) == (None, "tensor")
+    assert spec(attn["o_proj"]["kernel"]) == ("tensor",)
+    assert spec(mlp["up_proj"]["kernel"]) == (None, "tensor")
+    assert spec(mlp["down_proj"]["kernel"]) == ("tensor",)
+    assert spec(r.params["embed"]["embedding"]) == ()
+    r = make("qwen3_moe", t=2, ep=True, d=2).engine.runner
+    bank = r.params["layers_1"]["mlp"]["gate_proj"]
+    assert spec(bank) == (("data", "tensor"),) and bank.addressable_shards[0].data.shape[0] == 2
+    assert spec(r.params["layers_1"]["mlp"]["router"]) == ()
+    assert spec(r.pool.layers[1].v) == (None, None, "tensor")
+    print("shardings: pool by KV head, params by the rule table, experts over data x tensor", flush=True)
+
+
+def decode_collectives(llm):
+    r = llm.engine.runner
+    shape = r.buckets.decode_shapes()[-1]
+    text = r.compiled_text(shape)
+    return shape[0], text, collectives(text)
+
+
+def check_hlo():
+    """TP: one all-reduce of [B, E] after o_proj and after down_proj per layer, no gather; EP: three
+    all_to_all per MoE layer (rows, ids, results back). Prints each layout's bytes per decode step."""
+    c = MODELS["llama"]
+    for t in (2, 4):
+        llm = make("llama", t=t)
+        b, text, coll = decode_collectives(llm)
+        assert set(coll) == {"all-reduce"}, coll
+        assert coll["all-reduce"].count == 2 * c.num_layers, coll
+        assert coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
+        layer = llm.engine.runner.pool.layers[0]
+        assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
+        print(f"hlo llama T={t} decode B={b}: {coll}", flush=True)
+    for t, d in ((2, 2), (1, 4), (2, 1)):
+        llm = make("qwen3_moe", t=t, ep=True, d=d)
+        b, text, coll = decode_collectives(llm)
+        assert coll["all-to-all"].count == 3 * MODELS["qwen3_moe"].num_layers, coll
+        layer = llm.engine.runner.pool.layers[0]
+        assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
+        print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
+
+
+def check_preemption_and_prefix_cache():
+    """Under TP a pool too small preempts, and a shared prefix hits the cache; outputs stay the same."""
+    long = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = tokens(make("llama"), long)
+    small = make("llama", t=2, num_kv_blocks=8, max_num_batched_tokens=8)
+    assert tokens(small, long) == ref and small.stats()["num_preemptions"] > 0, small.stats()
+    shared = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] + p for p in ([8], [9, 7])]
+    want = tokens(make("llama", enable_prefix_caching=False), GREEDY, shared)
+    cached = make("llama", t=2)
+    assert tokens(cached, GREEDY, shared[:1]) + tokens(cached, GREEDY, shared[1:]) == want
+    assert cached.stats()["prefix_cache_hit_rate"] > 0, cached.stats()
+    print("TP: preemption and prefix caching give the one-device outputs", flush=True)
+
+
+def check_pallas():
+    """The Pallas kernels (interpret mode) per shard: one prompt, few tokens."""
+    sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    want = tokens(make("llama"), sp, PROMPTS[:1])
+    assert tokens(make("llama", t=2, attention_impl="pallas"), sp, PROMPTS[:1]) == want
+    print("pallas T=2: outputs equal", flush=True)
+
+
+def main(grid: bool):
+    if grid:
+        check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
+    else:
+        check_grid(["llama"], [(1, False, 1), (2, False, 1)])
+        check_grid(["qwen3_moe"], [(1, False, 1), (2, True, 2)])
+        check_shardings()
+        check_hlo()
+        check_preemption_and_prefix_cache()
+        check_pallas()
     print("OK")
 
 
 if __name__ == "__main__":
-    main("--slow" in sys.argv)
+    main("--grid" in sys.argv)
