@@ -12,6 +12,7 @@ from jaxserve import LLM, SpeculativeConfig
 from jaxserve.cli import main as cli_main
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.models import init_params
+from jaxserve.parallel.distributed import free_port
 from jaxserve.parallel.hlo import collectives
 
 HERE = pathlib.Path(__file__).parent
@@ -31,6 +32,24 @@ def test_mesh_layouts_on_8_devices():
     """TP 2 and EP over data x tensor equal one device (greedy and seeded); shardings; HLO collectives;
     preemption and prefix caching under TP; the Pallas kernels per shard."""
     run_check()
+
+
+def test_two_processes_serve_one_model():
+    """Two processes on 127.0.0.1 (gloo, one CPU device each): TP 2 and EP 2 over both equal one device.
+
+    The one known race: another program taking the free port before the coordinator binds it (the
+    test then fails at start-up, not wrongly)."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, HERE / "mp_engine_check.py", str(i), "2", str(port)], cwd=ROOT,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"process {i}: tensor- and expert-parallel over 2" in out, out[-3000:]
 
 
 @pytest.mark.slow
