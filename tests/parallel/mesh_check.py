@@ -92,7 +92,8 @@ def check_hlo():
 
 
 def check_preemption_and_prefix_cache():
-    """Under TP a pool too small preempts, and a shared prefix hits the cache; outputs stay the same."""
+    """Under TP a pool too small preempts, a shared prefix hits the cache, and n=2 samples fork their blocks
+    (copy-on-write on the sharded pool); outputs stay the same."""
     long = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     ref = tokens(make("llama"), long)
     small = make("llama", t=2, num_kv_blocks=8, max_num_batched_tokens=8)
@@ -102,7 +103,9 @@ def check_preemption_and_prefix_cache():
     cached = make("llama", t=2)
     assert tokens(cached, GREEDY, shared[:1]) + tokens(cached, GREEDY, shared[1:]) == want
     assert cached.stats()["prefix_cache_hit_rate"] > 0, cached.stats()
-    print("TP: preemption and prefix caching give the one-device outputs", flush=True)
+    forked = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2, ignore_eos=True)  # copy-on-write copies
+    assert tokens(cached, forked, PROMPTS[:1]) == tokens(make("llama"), forked, PROMPTS[:1])
+    print("TP: preemption, prefix caching and forked samples give the one-device outputs", flush=True)
 
 
 def check_pallas():
