@@ -10,8 +10,8 @@ random Qwen3-MoE, and prints it beside the layout's prediction:
   down_proj: 2 L B E x 4 bytes for a dense model, L B E x 4 for an MoE (its experts are not row-parallel);
 - expert parallelism over N = D x T devices (padded, dropless): per MoE layer three all_to_alls, of the
   rows [N, C, E], their expert ids [N, C] and the results [N, C, E], C = ceil(B / N) min(k, E / N):
-  N C (2E + 1) x 4 bytes per layer. What GSPMD adds around them (all-gathers of activations split over
-  ``data``) is measured, not predicted.
+  N C (2E + 1) x 4 bytes per layer, then an all-gather of the combined [B, E] output (L B E x 4). GSPMD
+  also gathers the router's probabilities [B, num_experts] (measured, not predicted).
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def predicted(config: ModelConfig, b: int, t: int, ep: bool, d: int) -> dict[str
         n = d * t
         cap = math.ceil(b / n) * min(config.num_experts_per_tok, config.num_experts // n)
         out["all-to-all"] = config.num_layers * n * cap * (2 * e + 1) * 4
+        out["all-gather"] = config.num_layers * b * e * 4  # the combined [B, E] output back to every device
     return out
 
 

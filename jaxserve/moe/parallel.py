@@ -145,6 +145,8 @@ def expert_parallel_routed(weights: dict, config: ModelConfig, x: jax.Array, bia
     runs its E/N experts and combines back (dropless). Returns (y [T, H], RouterStats), as ``routed_experts``.
     """
     n = math.prod(mesh.shape[a] for a in axes)
+    whole = NamedSharding(mesh, P())  # keeps GSPMD from splitting the dense layers' tokens over the data axis
+    x = jax.lax.with_sharding_constraint(x, whole)
     r = route(router_logits(weights, x), config, bias)
     t = x.shape[0]
     pad = (-t) % n  # padding tokens carry zero gates: their rows cost capacity, never output
@@ -160,7 +162,7 @@ def expert_parallel_routed(weights: dict, config: ModelConfig, x: jax.Array, bia
     fn = jax.shard_map(local, mesh=mesh, in_specs=({name: P(axes) for name in banks}, P(axes), P(axes), P(axes)),
                        out_specs=(P(axes), P()), check_vma=False)
     y, dropped = fn(banks, *padded)
-    return y[:t], RouterStats(expert_load(r.experts, config.num_experts), r.probs, r.experts, dropped)
+    return jax.lax.with_sharding_constraint(y[:t], whole), RouterStats(expert_load(r.experts, config.num_experts), r.probs, r.experts, dropped)
 
 
 def _local_experts(weights, rows: jax.Array, ids: jax.Array, e_local: int) -> jax.Array:

@@ -13,7 +13,7 @@ import jax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxserve import SamplingParams  # noqa: E402
-from jaxserve.parallel.hlo import collectives, gathers_of  # noqa: E402
+from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
 from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, tokens  # noqa: E402
 
 GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
@@ -71,7 +71,8 @@ def decode_collectives(llm):
 
 def check_hlo():
     """TP: one all-reduce of [B, E] after o_proj and after down_proj per layer, no gather; EP: three
-    all_to_all per MoE layer (rows, ids, results back). Prints each layout's bytes per decode step."""
+    all_to_all per MoE layer (rows, ids, results back), the o_proj all-reduce under TP, and gathers of the
+    layer's output and router probabilities only; no gather of the pool. Prints each layout's collectives."""
     c = MODELS["llama"]
     for t in (2, 4):
         llm = make("llama", t=t)
@@ -85,7 +86,10 @@ def check_hlo():
     for t, d in ((2, 2), (1, 4), (2, 1)):
         llm = make("qwen3_moe", t=t, ep=True, d=d)
         b, text, coll = decode_collectives(llm)
-        assert coll["all-to-all"].count == 3 * MODELS["qwen3_moe"].num_layers, coll
+        layers = MODELS["qwen3_moe"].num_layers
+        assert coll["all-to-all"].count == 3 * layers, coll
+        assert coll.get("all-reduce", Collective(0, 0)).count == (layers if t > 1 else 0), coll  # o_proj only
+        assert coll["all-gather"].count == 2 * layers, coll  # the combined output, and the router's probabilities
         layer = llm.engine.runner.pool.layers[0]
         assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
         print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
