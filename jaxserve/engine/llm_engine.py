@@ -55,11 +55,13 @@ class LLMEngine:
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
-        if speculative is not None and (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != \
-                (1, 1, False):
-            raise ValueError(f"speculative decoding runs on one device; got tensor_parallel_size="
-                             f"{ec.tensor_parallel_size}, data_parallel_size={ec.data_parallel_size}, "
-                             f"enable_expert_parallel={ec.enable_expert_parallel}")
+        on_mesh = (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != (1, 1, False)
+        for what, used in (("speculative decoding", speculative is not None),
+                           (f"quantization={ec.quantization!r}", ec.quantization is not None)):
+            if on_mesh and used:
+                raise ValueError(f"{what} runs on one device; got tensor_parallel_size={ec.tensor_parallel_size}, "
+                                 f"data_parallel_size={ec.data_parallel_size}, "
+                                 f"enable_expert_parallel={ec.enable_expert_parallel}")
         layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
         enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
         if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:

@@ -40,6 +40,7 @@ from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.speculative.round import RoundInputs
 
+
 def fetch(tree):
     """Device results -> numpy; a replicated array spanning other processes' devices is read from a local copy."""
     return jax.tree.map(lambda x: np.asarray(x if x.is_fully_addressable else x.addressable_data(0)), tree)

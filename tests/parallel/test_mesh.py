@@ -68,6 +68,7 @@ def llm(**kw):
     (dict(enable_expert_parallel=True), r"enable_expert_parallel=True needs a Mixture-of-Experts model"),
     (dict(data_parallel_size=2), "data_parallel_size=2 needs enable_expert_parallel=True"),
     (dict(tensor_parallel_size=0), "EngineConfig.tensor_parallel_size must be > 0, got 0"),
+    (dict(tensor_parallel_size=2, quantization="fp8"), "quantization='fp8' runs on one device; got tensor_parallel"),
 ])
 def test_layout_errors_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
