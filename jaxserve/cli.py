@@ -14,8 +14,11 @@ def _llm(args):
     from jaxserve.engine.llm import LLM
     from jaxserve.speculative.config import SpeculativeConfig
     speculative = None if args.speculative_config is None else SpeculativeConfig.from_json(args.speculative_config)
-    return LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative,
-               **engine_kwargs(args.overrides))
+    kwargs = engine_kwargs(args.overrides)
+    for name in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel"):
+        if getattr(args, name) is not None:  # the vLLM-style flags win over engine.* overrides
+            kwargs[name] = getattr(args, name)
+    return LLM(args.model, dtype=args.dtype, matmul_dtype=args.matmul_dtype, speculative=speculative, **kwargs)
 
 
 def _sampling_params(args, n: int = 1):
@@ -157,6 +160,12 @@ def _load_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--speculative-config", default=None, metavar="JSON",
                      help='speculative decoding, as vLLM\'s: \'{"method": "draft_model", "draft_model": '
                           '"jaxserve/tiny-code-draft", "num_speculative_tokens": 3}\'')
+    cmd.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                     help="split heads, KV heads and MLPs over this many devices (docs/architecture.md, Scaling out)")
+    cmd.add_argument("--data-parallel-size", "-dp", type=int, default=None,
+                     help="data-parallel attention replicas beside expert-parallel MoE (with --enable-expert-parallel)")
+    cmd.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                     help="split every MoE layer's experts over all devices (all_to_all dispatch)")
     cmd.add_argument("overrides", nargs="*", help="engine overrides, e.g. engine.block_size=32")
 
 

@@ -213,11 +213,18 @@ class EngineConfig:
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).
     kv_allocation: str = "paged"
+    # the device mesh (vLLM's names; jaxserve/parallel/layout.py): Megatron tensor parallelism over T devices
+    # (heads, KV heads and MLP columns split, the KV pool sharded by KV head); enable_expert_parallel splits
+    # every MoE layer's experts over all D x T devices (all_to_all dispatch); data_parallel_size D (only with
+    # expert parallelism) adds data-parallel attention replicas beside the expert-parallel MoE
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
 
     def __post_init__(self):
         _check_engine_types(self)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
-                     "kv_cache_bytes"):
+                     "kv_cache_bytes", "tensor_parallel_size", "data_parallel_size"):
             _require(getattr(self, name) > 0, f"EngineConfig.{name} must be > 0, got {getattr(self, name)}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks > 0,
                  f"EngineConfig.num_kv_blocks must be > 0 or None, got {self.num_kv_blocks}")
@@ -237,11 +244,12 @@ def _check_engine_types(ec: EngineConfig) -> None:
     """Integers are ints and flags bools (TypeError naming the field); ranges are checked after."""
     from jaxserve.validation import check_bool, check_int
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
-                 "kv_cache_bytes", "seed"):
+                 "kv_cache_bytes", "seed", "tensor_parallel_size", "data_parallel_size"):
         check_int(f"EngineConfig.{name}", getattr(ec, name))
     for name in ("num_kv_blocks", "max_model_len"):
         check_int(f"EngineConfig.{name}", getattr(ec, name), optional=True)
     check_bool("EngineConfig.enable_prefix_caching", ec.enable_prefix_caching)
+    check_bool("EngineConfig.enable_expert_parallel", ec.enable_expert_parallel)
     _require(ec.seed >= 0, f"EngineConfig.seed must be >= 0, got {ec.seed}")
     for name in ("attention_impl", "kv_allocation"):
         if not isinstance(getattr(ec, name), str):

@@ -26,6 +26,7 @@ from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
 from jaxserve.engine.speculative_stats import SpeculativeStats
+from jaxserve.parallel.layout import make_layout
 from jaxserve.quant import MatmulSettings, quantize_params
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.speculative.config import SpeculativeConfig
@@ -53,6 +54,15 @@ class LLMEngine:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
+        # the device mesh: every size checked against the model and the visible devices before anything is built
+        on_mesh = (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != (1, 1, False)
+        for what, used in (("speculative decoding", speculative is not None),
+                           (f"quantization={ec.quantization!r}", ec.quantization is not None)):
+            if on_mesh and used:
+                raise ValueError(f"{what} runs on one device; got tensor_parallel_size={ec.tensor_parallel_size}, "
+                                 f"data_parallel_size={ec.data_parallel_size}, "
+                                 f"enable_expert_parallel={ec.enable_expert_parallel}")
+        layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
         enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
         if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:
             raise ValueError(f"EngineConfig.max_model_len={ec.max_model_len} exceeds the model's "
@@ -89,7 +99,8 @@ class LLMEngine:
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
                                   router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills,
-                                  speculative=speculative, proposer=proposer if speculative else None)
+                                  speculative=speculative, proposer=proposer if speculative else None,
+                                  layout=layout)
         self.speculative = speculative
         self.spec_stats = None if speculative is None else SpeculativeStats(proposer.method, speculative.gamma)
         self._rng = np.random.default_rng(ec.seed)

@@ -36,10 +36,17 @@ from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import attention_backend, new_kv_pool
 from jaxserve.models.loading import to_device
+from jaxserve.parallel.layout import Layout
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.speculative.round import RoundInputs
 from jaxserve.speculative.suffix_tree import SuffixCache
+
+
+def fetch(tree):
+    """Device results -> numpy; a replicated array spanning other processes' devices is read from a local copy."""
+    return jax.tree.map(lambda x: np.asarray(x if x.is_fully_addressable else x.addressable_data(0)), tree)
+
 
 # Warm-up's one token: position 0, attending to one cached slot, written nowhere (slot -1).
 WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[0], start_pos=0, block_table=[0],
@@ -51,12 +58,21 @@ class ModelRunner:
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  attention_impl: str = "auto", quant=None, router_state: dict | None = None,
                  max_num_partial_prefills: int | None = None, speculative: SpeculativeConfig | None = None,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, layout: Layout | None = None):
         if (speculative is None) != (proposer is None):
             raise ValueError("speculative and proposer come together (both None for a plain runner)")
-        self.config, self.params = config, to_device(params)  # numpy params would be copied in every step
+        if layout is not None and speculative is not None:
+            raise ValueError("a speculative runner runs on one device (layout must be None)")
+        # a mesh: config and params as the layout runs them (KV heads replicated up to T), placed by the rule table
+        self.layout = layout
+        if layout is not None:
+            config, params = layout.prepare(config, params)
+        # numpy params would be copied in every step
+        self.config, self.params = config, to_device(params) if layout is None else layout.place_params(params)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
+        if layout is not None and router_state is not None:
+            self.router_state = layout.place_params(router_state)  # replicated: no rule matches
         self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.max_chunks = max_num_partial_prefills  # the scheduler's cap on multi-token entries per step
         self.attention_impl = attention_impl
@@ -67,7 +83,8 @@ class ModelRunner:
                                     max_model_len=max_model_len, block_size=block_size,
                                     live_pages_only=attention_backend(attention_impl).name == "xla",
                                     lookahead=self.gamma)
-        self.pool = new_kv_pool(config, num_blocks, block_size, attention_impl)
+        build_pool = lambda: new_kv_pool(config, num_blocks, block_size, attention_impl)  # noqa: E731
+        self.pool = build_pool() if layout is None else layout.new_pool(build_pool)
         self.proposer, self.draft_pool = None, None
         if proposer is not None:
             self.proposer = dataclasses.replace(proposer, params=to_device(proposer.params))
@@ -139,12 +156,21 @@ class ModelRunner:
         return result
 
     def _run_plain(self, step: PackedStep, rows, top_logprobs: bool) -> tuple[np.ndarray, ...]:
+        args, kwargs = self._plain_args(step, rows, top_logprobs)
+        results, self.pool = self._counted(programs.plain_step, *args, **kwargs)
+        return tuple(r[: len(rows)] for r in fetch(results))
+
+    def _plain_args(self, step: PackedStep, rows, top_logprobs: bool) -> tuple[tuple, dict]:
         sbatch, sample_entry = self._sampling(rows, step.tables.shape[0])
-        results, self.pool = self._counted(
-            programs.plain_step, self.params, self.pool, step.tokens, step.positions, self._metadata(step),
-            step.last, sample_entry, sbatch, np.bool_(top_logprobs), self.router_state, config=self.config,
-            attention_impl=self.attention_impl, quant=self.quant)
-        return tuple(r[: len(rows)] for r in jax.device_get(results))
+        return ((self.params, self.pool, step.tokens, step.positions, self._metadata(step), step.last, sample_entry,
+                 sbatch, np.bool_(top_logprobs), self.router_state),
+                dict(config=self.config, attention_impl=self.attention_impl, quant=self.quant, layout=self.layout))
+
+    def compiled_text(self, shape: tuple[int, int, int, bool]) -> str:
+        """The compiled HLO of the plain step at bucket ``shape`` (one of ``buckets.decode_shapes()`` or
+        ``mixed_shapes()``), for inspecting its collectives (``jaxserve.parallel.hlo``); runs nothing."""
+        args, kwargs = self._plain_args(pack([WARMUP_READER], *shape), [], False)
+        return programs.plain_step.lower(*args, **kwargs).compile().as_text()
 
     # ---- speculative fill: prefill chunks and plain decodes, target and draft together ---------
 

@@ -30,16 +30,21 @@ from jaxserve.speculative.given_round import suffix_round
 TRACES = [0]  # incremented while tracing: one per compiled program
 
 
-@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant"), donate_argnames=("kv_pool",))
+@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant", "layout"),
+                   donate_argnames=("kv_pool",))
 def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top,
-               router_state=None, *, config, attention_impl, quant=None):
+               router_state=None, *, config, attention_impl, quant=None, layout=None):
     """One forward over the packed tokens, then a draw per sample row: tokens i32[R], their log-probs
-    f32[R], and (when ``want_top``, else zeros) the top candidates' log-probs f32[R, k] and ids i32[R, k]."""
+    f32[R], and (when ``want_top``, else zeros) the top candidates' log-probs f32[R, k] and ids i32[R, k].
+    ``layout`` (a ``jaxserve.parallel.layout.Layout``): the mesh params and pool live on; the pool
+    stays sharded as it came in, and the results come back replicated."""
     TRACES[0] += 1
     with matmul_context(quant):
         logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
                                   attention_impl=attention_impl, logits_indices=logits_indices,
-                                  router_state=router_state)
+                                  router_state=router_state, layout=layout)
+    if layout is not None:
+        kv_pool, logits = layout.constrain_pool(kv_pool), layout.replicate(logits)
     logits = logits[sample_entry]
     toks, logprobs = sample(logits, sbatch)
     k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
@@ -48,7 +53,8 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     top_logprobs, top_ids = jax.lax.cond(
         want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)),
         lambda: (jnp.zeros((logits.shape[0], k), jnp.float32), jnp.zeros((logits.shape[0], k), jnp.int32)))
-    return (toks, logprobs, top_logprobs, top_ids), kv_pool
+    results = (toks, logprobs, top_logprobs, top_ids)
+    return (results if layout is None else layout.replicate(results)), kv_pool
 
 
 SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant")

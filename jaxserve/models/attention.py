@@ -12,9 +12,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 from jaxserve.cache.kv_pool import KVLayer
 from jaxserve.models.attention_backends import AttentionBackend
+from jaxserve.parallel.layout import Layout
 
 
 @struct.dataclass
@@ -54,6 +56,25 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, layer: KVLayer, meta: Atten
         rows = lambda x: x.reshape(-1, meta.uniform_q_len, *x.shape[1:])  # noqa: E731
         return causal_attention(rows(q), rows(k), rows(v), **kw).reshape(q.shape)
     return backend.read(q, layer, meta, **kw)
+
+
+def write_and_attend(q: jax.Array, k: jax.Array, v: jax.Array, layer: KVLayer, meta: AttentionMetadata,
+                     backend: AttentionBackend, layout: Layout | None = None, **opts) -> tuple[jax.Array, KVLayer]:
+    """Writes this step's k, v [T, K, D] into ``layer`` and attends q [T, H, D] -> ([T, H, D], layer).
+
+    With a ``layout`` the write and the read run per tensor shard inside ``shard_map``: each device holds
+    H/T heads, K/T KV heads and its slice of the pages, the metadata replicated, so no shard ever
+    sees (or gathers) another's K/V. ``opts``: ``attend``'s sliding_window and sm_scale.
+    """
+    def local(q, k, v, layer, meta):
+        layer = backend.write(layer, k, v, meta.slot_mapping)
+        return attend(q, k, v, layer, meta, backend, **opts), layer
+
+    if layout is None:
+        return local(q, k, v, layer, meta)
+    heads, pages = layout.heads_spec, layout.layer_specs(layer)
+    return jax.shard_map(local, mesh=layout.mesh, in_specs=(heads, heads, heads, pages, P()),
+                         out_specs=(heads, pages), check_vma=False)(q, k, v, layer, meta)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, sliding_window: int | None = None,

@@ -18,6 +18,8 @@ both entry points then take an optional ``router_state`` (the loss-free balancin
 """
 from __future__ import annotations
 
+from functools import partial
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -25,10 +27,12 @@ import numpy as np
 
 from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.models.attention import AttentionMetadata, attend, causal_attention
+from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
 from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
 from jaxserve.moe.layer import MoEBlock
+from jaxserve.moe.parallel import expert_parallel_routed
+from jaxserve.parallel.layout import Layout
 
 _INIT = nn.initializers.normal(0.02)
 
@@ -56,6 +60,7 @@ class Attention(nn.Module):
     config: ModelConfig
     attention_impl: str
     layer_idx: int = 0
+    layout: Layout | None = None
 
     @nn.compact
     def __call__(self, x, positions, kv: KVLayer | None = None, meta: AttentionMetadata | None = None):
@@ -73,9 +78,7 @@ class Attention(nn.Module):
         if kv is None:
             o = causal_attention(q, k, v, **opts)
         else:
-            backend = attention_backend(self.attention_impl)
-            kv = backend.write(kv, k, v, meta.slot_mapping)
-            o = attend(q, k, v, kv, meta, backend, **opts)
+            o, kv = write_and_attend(q, k, v, kv, meta, attention_backend(self.attention_impl), self.layout, **opts)
         out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
         return out, kv
 
@@ -84,11 +87,12 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
     attention_impl: str
     layer_idx: int = 0
+    layout: Layout | None = None
 
     @nn.compact
     def __call__(self, x, positions, kv=None, meta=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        h, kv = Attention(c, self.attention_impl, self.layer_idx, name="attn")(
+        h, kv = Attention(c, self.attention_impl, self.layer_idx, self.layout, name="attn")(
             _norm(c, "input_norm")(x), positions, kv, meta)
         if c.sandwich_norms:  # Gemma 2/3: the attention and MLP outputs are normed before the residual adds
             x = x + _norm(c, "post_attention_norm")(h)
@@ -99,13 +103,17 @@ class DecoderLayer(nn.Module):
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
-            return lambda h: MoEBlock(c, name="mlp")(h)[0]
+            routed = None
+            if self.layout is not None and self.layout.expert_parallel:
+                routed = partial(expert_parallel_routed, mesh=self.layout.mesh, axes=self.layout.expert_axes)
+            return lambda h: MoEBlock(c, routed, name="mlp")(h)[0]
         return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, c.hidden_act, name="mlp")
 
 
 class Transformer(nn.Module):
     config: ModelConfig
     attention_impl: str = "auto"
+    layout: Layout | None = None  # a device mesh (jaxserve.parallel.layout); None: one device
 
     @nn.compact
     def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):
@@ -116,7 +124,7 @@ class Transformer(nn.Module):
             x = x * jnp.asarray(np.float32(c.hidden_size ** 0.5), dt)
         new_pool = []
         for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
-            x, kv = DecoderLayer(c, self.attention_impl, i, name=f"layers_{i}")(
+            x, kv = DecoderLayer(c, self.attention_impl, i, self.layout, name=f"layers_{i}")(
                 x, positions, None if kv_pool is None else kv_pool.layers[i], meta)
             new_pool.append(kv)
         x = _norm(c, "final_norm")(x)
@@ -142,15 +150,16 @@ def param_shapes(config: ModelConfig) -> dict:
 
 def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
             kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
-            logits_indices: jax.Array | None = None, router_state: dict | None = None
-            ) -> tuple[jax.Array, KVPool]:
+            logits_indices: jax.Array | None = None, router_state: dict | None = None,
+            layout: Layout | None = None) -> tuple[jax.Array, KVPool]:
     """Serving step over a packed batch.
 
     tokens, positions: i32[T]; kv_pool: the paged pool, in the layout ``attention_impl`` reads; meta: where each
     sequence's K/V live. Returns ``(logits f32[T or len(logits_indices), V], kv_pool)`` with this
-    step's K/V written into the pool.
+    step's K/V written into the pool. ``layout``: the device mesh the params and pool are placed on
+    (tensor-parallel attention per shard, expert-parallel MoE), or None for one device.
     """
-    return Transformer(config, attention_impl).apply(
+    return Transformer(config, attention_impl, layout).apply(
         _variables(params, router_state), tokens, positions, kv_pool, meta, logits_indices)
 
 

@@ -15,6 +15,8 @@ the stats are also sown into ``"moe_stats"`` for training loops.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -61,6 +63,9 @@ def shared_output(weights: dict, config: ModelConfig, x: jax.Array) -> jax.Array
 
 class MoEBlock(nn.Module):
     config: ModelConfig
+    # the routed part, ``routed_experts``'s signature: None for one device, else e.g. an expert-parallel
+    # ``functools.partial(jaxserve.moe.parallel.expert_parallel_routed, mesh=..., axes=...)``
+    routed: Callable | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, RouterStats]:
@@ -71,7 +76,7 @@ class MoEBlock(nn.Module):
                    "up_proj": self.param("up_proj", _INIT, (e, h, i), dt),
                    "down_proj": self.param("down_proj", _INIT, (e, i, h), dt)}
         flat = x.reshape(-1, h)
-        y, stats = routed_experts(weights, c, flat, self._selection_bias(e))
+        y, stats = (self.routed or routed_experts)(weights, c, flat, self._selection_bias(e))
         self.sow("moe_stats", "stats", stats)
         if c.num_shared_experts:
             shared = shared_experts(c, "shared_experts")(flat)

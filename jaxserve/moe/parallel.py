@@ -32,7 +32,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxserve.config import ModelConfig
-from jaxserve.moe.balancing import expert_load
+from jaxserve.moe.balancing import RouterStats, expert_load
 from jaxserve.moe.experts import grouped_swiglu
 from jaxserve.moe.layer import router_logits, shared_output
 from jaxserve.moe.routers import route
@@ -104,11 +104,21 @@ def _validate(config, x, mesh, expert_axis, data_axis, dispatch) -> tuple[int, i
 
 def _local_moe(weights, x, bias, *, config: ModelConfig, axis: str, token_axes, capacity: int, ragged: bool):
     """Per-device body: x [T_l, H] -> (y [T_l, H], load f32[E], dropped i32[])."""
+    r = route(router_logits(weights, x), config, bias)
+    y, dropped = _dispatch_combine(weights, x, r.experts, r.gates, config=config, axis=axis, capacity=capacity,
+                                   ragged=ragged)
+    if config.num_shared_experts:
+        y = y + shared_output(weights, config, x)
+    load = jax.lax.psum(expert_load(r.experts, config.num_experts), token_axes)
+    return y, load, jax.lax.psum(dropped, token_axes)
+
+
+def _dispatch_combine(weights, x, experts, gates, *, config: ModelConfig, axis, capacity: int, ragged: bool):
+    """x [T_l, H] routed to ``experts`` i32[T_l, k] with ``gates`` [T_l, k] -> (y [T_l, H], dropped i32[] here)."""
     n = jax.lax.axis_size(axis)
     e_local = config.num_experts // n
-    r = route(router_logits(weights, x), config, bias)
-    t, k = r.experts.shape
-    flat = r.experts.reshape(-1)  # [A] in token order
+    t, k = experts.shape
+    flat = experts.reshape(-1)  # [A] in token order
     token = jnp.arange(t * k) // k
     dest, local_id = flat // e_local, flat % e_local
     onehot = jax.nn.one_hot(dest, n, dtype=jnp.int32)
@@ -121,12 +131,38 @@ def _local_moe(weights, x, bias, *, config: ModelConfig, axis: str, token_axes, 
     exchange = _ragged_exchange if ragged else _padded_exchange
     back = exchange(send_x, send_id, lambda rx, rid: _local_experts(weights, rx, rid, e_local), axis, e_local)
     rows = back[dest, jnp.minimum(slot, capacity - 1)]  # [A, H]
-    y = jnp.zeros_like(x).at[token].add(rows * (r.gates.reshape(-1) * kept)[:, None].astype(x.dtype))
-    if config.num_shared_experts:
-        y = y + shared_output(weights, config, x)
-    load = jax.lax.psum(expert_load(r.experts, config.num_experts), token_axes)
-    dropped = jax.lax.psum(jnp.sum(~kept).astype(jnp.int32), token_axes)
-    return y, load, dropped
+    y = jnp.zeros_like(x).at[token].add(rows * (gates.reshape(-1) * kept)[:, None].astype(x.dtype))
+    return y, jnp.sum(~kept).astype(jnp.int32)
+
+
+def expert_parallel_routed(weights: dict, config: ModelConfig, x: jax.Array, bias: jax.Array | None = None, *,
+                           mesh: Mesh, axes: tuple[str, ...]) -> tuple[jax.Array, RouterStats]:
+    """The routed part of an MoE block inside a jitted step, its experts split over mesh ``axes``.
+
+    x [T, H] (any sharding; T any size: padded to the N = prod(axes) token shards); the expert banks
+    ``weights[gate_proj|up_proj|down_proj]`` are split on E over ``axes``. Routing runs replicated (it is
+    small and gives exact ``RouterStats``); each device then dispatches its T/N tokens with ``all_to_all``,
+    runs its E/N experts and combines back (dropless). Returns (y [T, H], RouterStats), as ``routed_experts``.
+    """
+    n = math.prod(mesh.shape[a] for a in axes)
+    whole = NamedSharding(mesh, P())  # keeps GSPMD from splitting the dense layers' tokens over the data axis
+    x = jax.lax.with_sharding_constraint(x, whole)
+    r = route(router_logits(weights, x), config, bias)
+    t = x.shape[0]
+    pad = (-t) % n  # padding tokens carry zero gates: their rows cost capacity, never output
+    padded = [jnp.pad(a, ((0, pad), (0, 0))) for a in (x, r.experts, r.gates)]
+    cap = ep_capacity((t + pad) // n, config, n)
+
+    def local(banks, xs, experts, gates):
+        y, dropped = _dispatch_combine(banks, xs, experts, gates, config=config, axis=axes, capacity=cap,
+                                       ragged=False)
+        return y, jax.lax.psum(dropped, axes)
+
+    banks = {name: weights[name] for name in ("gate_proj", "up_proj", "down_proj")}
+    fn = jax.shard_map(local, mesh=mesh, in_specs=({name: P(axes) for name in banks}, P(axes), P(axes), P(axes)),
+                       out_specs=(P(axes), P()), check_vma=False)
+    y, dropped = fn(banks, *padded)
+    return jax.lax.with_sharding_constraint(y[:t], whole), RouterStats(expert_load(r.experts, config.num_experts), r.probs, r.experts, dropped)
 
 
 def _local_experts(weights, rows: jax.Array, ids: jax.Array, e_local: int) -> jax.Array:

@@ -1,54 +1,72 @@
 """Sharding rules: which mesh axis splits which dimension of each parameter.
 
 A rule is ``(regex over the "/"-joined params path, spec)``; the first match wins and the spec
-names one mesh axis (or None) per array dimension. Axes the mesh lacks become None (replicated),
-so one rule set serves a pure data-parallel mesh, an expert-parallel one and a tensor-parallel one.
+names one logical axis (or None) per array dimension. ``axis_map`` turns a logical axis into mesh
+axes (one name, a tuple of names, or None); by default a logical axis is the mesh axis of the same
+name. Axes the mesh lacks become None (replicated), so one rule set serves a pure data-parallel
+mesh, an expert-parallel one and a tensor-parallel one.
 
 Defaults: MoE expert weights ``[E, ...]`` split over ``"expert"``; Megatron-style ``"tensor"``
-splits of the dense layers (column-parallel q/k/v/gate/up, row-parallel o/down); everything else
-(norms, embeddings, routers, biases) replicated.
+splits of the dense layers (column-parallel q/k/v/gate/up and the q/k/v biases, row-parallel
+o/down); everything else (norms, embeddings, routers, the lm head, other biases) replicated.
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 Rule = tuple[str, tuple[str | None, ...]]
+AxisMap = Mapping[str, str | tuple[str, ...] | None]
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     (r".*/mlp/(gate_proj|up_proj|down_proj)$", ("expert", None, None)),  # stacked experts [E, ., .]
     (r".*/(q_proj|k_proj|v_proj|gate_proj|up_proj)/kernel$", (None, "tensor")),
+    (r".*/(q_proj|k_proj|v_proj)/bias$", ("tensor",)),
     (r".*/(o_proj|down_proj)/kernel$", ("tensor", None)),
 )
 
 
-def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES) -> P:
+def _mesh_axes(logical, mesh: Mesh, axis_map: AxisMap | None):
+    """A logical axis -> the mesh axes it splits over (None: replicated), those the mesh lacks dropped."""
+    if logical is None:
+        return None
+    axes = axis_map.get(logical) if axis_map is not None else logical
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    names = tuple(a for a in names if a in mesh.axis_names)
+    return None if not names else names[0] if len(names) == 1 else names
+
+
+def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES,
+             axis_map: AxisMap | None = None) -> P:
     """PartitionSpec of one array; ValueError when a split dimension does not divide evenly."""
     for pattern, axes in rules:
         if re.fullmatch(pattern, path):
             break
     else:
         return P()
-    axes = tuple(a if a in mesh.axis_names else None for a in axes)
+    axes = tuple(_mesh_axes(a, mesh, axis_map) for a in axes)
     for dim, (size, axis) in enumerate(zip(shape, axes)):
-        if axis is not None and size % mesh.shape[axis]:
+        ways = math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis or ()))
+        if size % ways:
             raise ValueError(f"{path}: dimension {dim} of size {size} is not divisible by mesh axis "
-                             f"{axis!r} of size {mesh.shape[axis]}")
+                             f"{axis!r} of size {ways}")
     return P(*axes)
 
 
-def param_specs(params, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES):
+def param_specs(params, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES, axis_map: AxisMap | None = None):
     """The params pytree mapped to PartitionSpecs."""
     return jax.tree_util.tree_map_with_path(
-        lambda kp, x: spec_for("/".join(str(getattr(k, "key", k)) for k in kp), x.shape, mesh, rules), params)
+        lambda kp, x: spec_for("/".join(str(getattr(k, "key", k)) for k in kp), x.shape, mesh, rules, axis_map),
+        params)
 
 
-def shard_params(params, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES):
+def shard_params(params, mesh: Mesh, rules: Sequence[Rule] = DEFAULT_RULES, axis_map: AxisMap | None = None):
     """Places every parameter on ``mesh`` according to ``rules``."""
-    specs = param_specs(params, mesh, rules)
+    specs = param_specs(params, mesh, rules, axis_map)
     return jax.tree_util.tree_map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 
 

@@ -1,0 +1,137 @@
+"""The engine on a mesh of 8 simulated CPU devices gives the one-device outputs, for every layout.
+
+Run by test_mesh.py in a subprocess (XLA_FLAGS must be set before jax is imported). One process runs
+every check (compiling is what costs) and prints one line per check, "OK" last.
+Usage: python tests/parallel/mesh_check.py [--grid]   (--grid: the whole grid of layouts and models)
+"""
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from jaxserve import SamplingParams  # noqa: E402
+from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
+from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, tokens  # noqa: E402
+
+GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
+
+def check_grid(names, layouts):
+    """Greedy and seeded outputs of each model equal for every layout."""
+    for name in names:
+        ref = None
+        for t, ep, d in layouts:
+            if ep and not MODELS[name].num_experts:
+                continue
+            got = (tokens(llm := make(name, t, ep, d), GREEDY), tokens(llm, SEEDED))
+            ref = got if ref is None else ref
+            assert got == ref, (name, t, ep, d, got, ref)
+            print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
+
+
+def spec(x) -> tuple:
+    """x's PartitionSpec as a tuple without trailing Nones (how a step's outputs report it)."""
+    axes = list(x.sharding.spec)
+    while axes and axes[-1] is None:
+        axes.pop()
+    return tuple(axes)
+
+
+def check_shardings():
+    """Pool by KV head; Megatron params; KV heads replicated when T > K; experts over all devices."""
+    llm = make("llama", t=4)  # K=2 < T=4: each KV head twice, one per shard
+    tokens(llm, SamplingParams(max_tokens=2), PROMPTS[:1])  # the donated pool comes back as sharded
+    r = llm.engine.runner
+    layer = r.pool.layers[0]
+    assert r.config.num_kv_heads == 4 and layer.v.shape[2] == 4, r.config
+    assert spec(layer.k) == (None, "tensor") and spec(layer.v) == (None, None, "tensor")
+    assert {s.data.shape[2] for s in layer.v.addressable_shards} == {1}
+    attn, mlp = r.params["layers_0"]["attn"], r.params["layers_0"]["mlp"]
+    assert spec(attn["q_proj"]["kernel"]) == (None, "tensor")
+    assert spec(attn["o_proj"]["kernel"]) == ("tensor",)
+    assert spec(mlp["up_proj"]["kernel"]) == (None, "tensor")
+    assert spec(mlp["down_proj"]["kernel"]) == ("tensor",)
+    assert spec(r.params["embed"]["embedding"]) == ()
+    r = make("qwen3_moe", t=2, ep=True, d=2).engine.runner
+    bank = r.params["layers_1"]["mlp"]["gate_proj"]
+    assert spec(bank) == (("data", "tensor"),) and bank.addressable_shards[0].data.shape[0] == 2
+    assert spec(r.params["layers_1"]["mlp"]["router"]) == ()
+    assert spec(r.pool.layers[1].v) == (None, None, "tensor")
+    print("shardings: pool by KV head, params by the rule table, experts over data x tensor", flush=True)
+
+
+def decode_collectives(llm):
+    r = llm.engine.runner
+    shape = r.buckets.decode_shapes()[-1]
+    text = r.compiled_text(shape)
+    return shape[0], text, collectives(text)
+
+
+def check_hlo():
+    """TP: one all-reduce of [B, E] after o_proj and after down_proj per layer, no gather; EP: three
+    all_to_all per MoE layer (rows, ids, results back), the o_proj all-reduce under TP, and gathers of the
+    layer's output and router probabilities only; no gather of the pool. Prints each layout's collectives."""
+    c = MODELS["llama"]
+    for t in (2, 4):
+        llm = make("llama", t=t)
+        b, text, coll = decode_collectives(llm)
+        assert set(coll) == {"all-reduce"}, coll
+        assert coll["all-reduce"].count == 2 * c.num_layers, coll
+        assert coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
+        layer = llm.engine.runner.pool.layers[0]
+        assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
+        print(f"hlo llama T={t} decode B={b}: {coll}", flush=True)
+    for t, d in ((2, 2), (1, 4), (2, 1)):
+        llm = make("qwen3_moe", t=t, ep=True, d=d)
+        b, text, coll = decode_collectives(llm)
+        layers = MODELS["qwen3_moe"].num_layers
+        assert coll["all-to-all"].count == 3 * layers, coll
+        assert coll.get("all-reduce", Collective(0, 0)).count == (layers if t > 1 else 0), coll  # o_proj only
+        assert coll["all-gather"].count == 2 * layers, coll  # the combined output, and the router's probabilities
+        layer = llm.engine.runner.pool.layers[0]
+        assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
+        print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
+
+
+def check_preemption_and_prefix_cache():
+    """Under TP a pool too small preempts, a shared prefix hits the cache, and n=2 samples fork their blocks
+    (copy-on-write on the sharded pool); outputs stay the same."""
+    long = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = tokens(make("llama"), long)
+    small = make("llama", t=2, num_kv_blocks=8, max_num_batched_tokens=8)
+    assert tokens(small, long) == ref and small.stats()["num_preemptions"] > 0, small.stats()
+    shared = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] + p for p in ([8], [9, 7])]
+    want = tokens(make("llama", enable_prefix_caching=False), GREEDY, shared)
+    cached = make("llama", t=2)
+    assert tokens(cached, GREEDY, shared[:1]) + tokens(cached, GREEDY, shared[1:]) == want
+    assert cached.stats()["prefix_cache_hit_rate"] > 0, cached.stats()
+    forked = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2, ignore_eos=True)  # copy-on-write copies
+    assert tokens(cached, forked, PROMPTS[:1]) == tokens(make("llama"), forked, PROMPTS[:1])
+    print("TP: preemption, prefix caching and forked samples give the one-device outputs", flush=True)
+
+
+def check_pallas():
+    """The Pallas kernels (interpret mode) per shard: one prompt, few tokens."""
+    sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    want = tokens(make("llama"), sp, PROMPTS[:1])
+    assert tokens(make("llama", t=2, attention_impl="pallas"), sp, PROMPTS[:1]) == want
+    print("pallas T=2: outputs equal", flush=True)
+
+
+def main(grid: bool):
+    if grid:
+        check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
+    else:
+        check_grid(["llama"], [(1, False, 1), (2, False, 1)])
+        check_grid(["qwen3_moe"], [(1, False, 1), (2, True, 2)])
+        check_shardings()
+        check_hlo()
+        check_preemption_and_prefix_cache()
+        check_pallas()
+    print("OK")
+
+
+if __name__ == "__main__":
+    main("--grid" in sys.argv)

@@ -1,0 +1,119 @@
+"""Serving on a device mesh: the checks on 8 simulated devices run in a subprocess (mesh_check.py), so this
+pytest process keeps its one CPU device; the layout's errors need no mesh and run here."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from jaxserve import LLM, SpeculativeConfig
+from jaxserve.cli import main as cli_main
+from jaxserve.config import EngineConfig, ModelConfig
+from jaxserve.models import init_params
+from jaxserve.parallel.distributed import free_port
+from jaxserve.parallel.hlo import collectives
+
+HERE = pathlib.Path(__file__).parent
+ROOT = HERE.parent.parent
+ENV = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": str(ROOT)}
+CONFIG = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                     num_kv_heads=2, head_dim=8, max_position_embeddings=64)
+
+
+def run_check(*args, timeout=600):
+    proc = subprocess.run([sys.executable, HERE / "mesh_check.py", *args], cwd=ROOT, env=ENV, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-4000:]
+
+
+def test_mesh_layouts_on_8_devices():
+    """TP 2 and EP over data x tensor equal one device (greedy and seeded); shardings; HLO collectives;
+    preemption and prefix caching under TP; the Pallas kernels per shard."""
+    run_check()
+
+
+def test_two_processes_serve_one_model():
+    """Two processes on 127.0.0.1 (gloo, one CPU device each): TP 2 and EP 2 over both equal one device.
+
+    The one known race: another program taking the free port before the coordinator binds it (the
+    test then fails at start-up, not wrongly)."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, HERE / "mp_engine_check.py", str(i), "2", str(port)], cwd=ROOT,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"process {i}: tensor- and expert-parallel over 2" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_mesh_grid_on_8_devices():
+    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2)."""
+    run_check("--grid", timeout=1800)
+
+
+def llm(**kw):
+    return LLM.from_params(CONFIG, init_params(CONFIG, jax.random.key(0)), num_kv_blocks=8, **kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tensor_parallel_size=3), "tensor_parallel_size=3 must divide the model's num_heads=4"),
+    (dict(tensor_parallel_size=2), r"tensor_parallel_size=2 x data_parallel_size=1 needs 2 devices, only 1 visible"),
+    (dict(enable_expert_parallel=True), r"enable_expert_parallel=True needs a Mixture-of-Experts model"),
+    (dict(data_parallel_size=2), "data_parallel_size=2 needs enable_expert_parallel=True"),
+    (dict(tensor_parallel_size=0), "EngineConfig.tensor_parallel_size must be > 0, got 0"),
+    (dict(tensor_parallel_size=2, quantization="fp8"), "quantization='fp8' runs on one device; got tensor_parallel"),
+])
+def test_layout_errors_name_the_option(kw, match):
+    with pytest.raises(ValueError, match=match):
+        llm(**kw)
+
+
+def test_kv_heads_neither_divided_nor_replicated_is_an_error():
+    config = CONFIG.replace(num_heads=6, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 must divide the model's num_kv_heads=3 or be a "
+                                         r"multiple of it"):
+        LLM.from_params(config, init_params(config, jax.random.key(0)), tensor_parallel_size=2)
+
+
+def test_experts_must_divide_over_the_devices():
+    config = CONFIG.replace(num_experts=6, num_experts_per_tok=2)
+    with pytest.raises(ValueError, match=r"splits num_experts=6 over tensor_parallel_size x data_parallel_size = 4"):
+        LLM.from_params(config, init_params(config, jax.random.key(0)), tensor_parallel_size=2, data_parallel_size=2,
+                        enable_expert_parallel=True)
+
+
+def test_types_are_checked():
+    with pytest.raises(TypeError, match="EngineConfig.enable_expert_parallel"):
+        EngineConfig(enable_expert_parallel=1)
+    with pytest.raises(TypeError, match="EngineConfig.tensor_parallel_size"):
+        EngineConfig(tensor_parallel_size=2.0)
+
+
+def test_speculative_on_a_mesh_is_refused():
+    with pytest.raises(ValueError, match="speculative decoding runs on one device; got tensor_parallel_size=2"):
+        llm(tensor_parallel_size=2, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=2))
+
+
+def test_cli_flags_reach_the_engine(capsys):
+    rc = cli_main(["generate", "--model", "jaxserve/tiny-code", "--prompt", "x", "--tensor-parallel-size", "3"])
+    assert rc == 2 and "tensor_parallel_size=3 must divide the model's num_heads" in capsys.readouterr().err
+
+
+def test_collectives_parse_sync_and_async_ops():
+    text = """
+  %all-reduce.1 = f32[4,32]{1,0} all-reduce(f32[4,32]{1,0} %x), channel_id=1
+  %ag = (f32[2,8]{1,0}, f32[4,8]{1,0}) all-gather-start(f32[2,8]{1,0} %y), dimensions={0}
+  %ag.done = f32[4,8]{1,0} all-gather-done(%ag)
+  %a2a = (s32[1,2]{1,0}, s32[1,2]{1,0}) all-to-all(s32[1,2] %a, s32[1,2] %b)
+  %add = f32[4,32]{1,0} add(%all-reduce.1, %all-reduce.1)
+"""
+    got = collectives(text)
+    assert {k: (v.count, v.bytes) for k, v in got.items()} == {
+        "all-reduce": (1, 4 * 32 * 4), "all-gather": (1, 4 * 8 * 4), "all-to-all": (1, 2 * 2 * 4)}

@@ -1,0 +1,36 @@
+"""Tiny random models of the Llama, Qwen3-MoE and Mixtral families and an engine over them, for the mesh checks
+(importing this sets no XLA flags: the check scripts do, before jax starts)."""
+import jax
+
+from jaxserve import LLM, SamplingParams
+from jaxserve.config import ModelConfig
+from jaxserve.models import init_params
+
+BASE = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=8, max_position_embeddings=128, eos_token_id=None)
+MODELS = {  # tiny random models of the three families (HF's config names; HF parity: tests/moe, tests/models)
+    "llama": ModelConfig(model_type="llama", **BASE),
+    "qwen3_moe": ModelConfig(model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=16, router="qwen3_moe", **BASE),
+    "mixtral": ModelConfig(model_type="mixtral", num_experts=8, num_experts_per_tok=2, router="mixtral", **BASE),
+}
+ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=32, attention_impl="xla")
+PROMPTS = [[1, 5, 9, 13, 2], [7, 7, 3], [11, 4, 8, 15, 16, 23, 42, 8, 1]]
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=6, temperature=1.0, top_k=20, seed=3, ignore_eos=True)
+PARAMS = {}
+
+
+def params_of(name):
+    if name not in PARAMS:
+        PARAMS[name] = init_params(MODELS[name], jax.random.key(0))
+    return PARAMS[name]
+
+
+def make(name, t=1, ep=False, d=1, **kw):
+    return LLM.from_params(MODELS[name], params_of(name), **{**ENGINE, **kw}, tensor_parallel_size=t,
+                           enable_expert_parallel=ep, data_parallel_size=d)
+
+
+def tokens(llm, params, prompts=PROMPTS):
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
