@@ -29,6 +29,7 @@ def test_ep_on_8_devices_equals_single_device_block():
     assert proc.returncode == 0 and out.rstrip().endswith("OK"), out[-3000:]
 
 
+@pytest.mark.slow  # tests/parallel/test_mesh.py's two-process test serves an EP model over two processes in CI
 def test_two_processes_equal_one():
     """Two processes on 127.0.0.1 with gloo collectives (2 CPU devices each, one 2x2 mesh).
 
