@@ -114,6 +114,7 @@ def main(argv=None) -> int:
                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "machine": machine(), "git_commit": commit + ("+dirty" if dirty else ""),
                        "load_average": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
+                       "cpu_affinity": sorted(os.sched_getaffinity(0)), "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                        "skipped": skipped},
               "config": {"model": args.model, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                          "max_model_len": args.max_model_len, "threads": args.threads,
