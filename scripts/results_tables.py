@@ -63,7 +63,7 @@ def throughput_vs_hf():
     return ["workload", "requests", "jaxserve output tok/s", "HF transformers output tok/s", "jaxserve / HF"], rows
 
 
-PEER_RUNS = tuple(f"results/peer_throughput/{m}/results.json" for m in ("small_llama", "smollm2"))
+PEER_RUNS = tuple(f"results/peer_throughput/{m}/results.json" for m in ("small_llama",))
 PEER_BACKENDS = ("jaxserve", "hf", "vllm", "llama.cpp")
 
 
@@ -71,8 +71,6 @@ def peer_throughput():
     """Output tok/s, median (range) over rounds, per model and workload; jaxserve against the best other backend."""
     rows = []
     for rel in PEER_RUNS:
-        if not (REPO / rel).is_file():
-            continue
         by = {}
         for r in table("throughput", rel):
             by.setdefault((r["model"], r["workload"], r["requests"]), {})[r["backend"]] = r
@@ -270,14 +268,19 @@ CLAIMS = (
           "ShareGPT-like workload (long-tailed lengths, where static batching pads and waits), not on `random` "
           "(outputs 64–192). Both backends moved ~15% between idle runs: compare ratios within one run."),
     Claim("Side by side with the engines users would pick instead: vLLM CPU, llama.cpp, transformers",
-          tuple(rel for rel in PEER_RUNS if (REPO / rel).is_file()), peer_throughput,
+          PEER_RUNS, peer_throughput,
           "`benchmarks/peers/compare.py`: one process, the same float32 weights in every backend (HF export for "
           "transformers and vLLM, an F32 GGUF export for llama.cpp), greedy, EOS ignored, rounds alternating the "
           "backends with the order rotated. batch1: 1 request 64 → 128 tokens; batch64: 64 of them; sharegpt: 64 "
           "ShareGPT-like requests with the lengths scaled (`config.sharegpt_scale`); the last column is the fraction "
-          "of requests whose first 8 greedy tokens match jaxserve's, for the backend that matches least. Measured under `nice -n 19` on "
-          "the shared 2-core VM with other engineers' builds and tests running (load average in the runs "
-          "table's JSON `meta`): read the ratios within a round and the ranges, not absolute speeds."),
+          "of requests whose first 8 greedy tokens match jaxserve's, for the backend that matches least (a near-tie "
+          "flipping under other summation orders; different weights would score ~0). Every backend on ONE core "
+          "(`taskset -c 1`, `--threads 1`, XLA with `--xla_cpu_multi_thread_eigen=false`) under `nice -n 19`, "
+          "because the shared 2-core VM ran at load average 14–15 (other engineers' builds and tests): at 2 "
+          "threads the OpenMP backends (torch, llama.cpp, vLLM) collapsed 14–28× (an aborted first run: HF, vLLM and llama.cpp "
+          "batch1, HF batch64) waiting at barriers for a "
+          "descheduled thread. Only 2 rounds, and wide ranges: a first side-by-side, not the issue's idle-machine "
+          "table; rerun on an idle machine with `--threads 2` before drawing conclusions."),
     Claim("Paged attention decode on CPU: gather-then-attend reference vs a contiguous cache",
           ("results/paged_attention/results.json",), paged_attention_decode,
           "Load average 10–12 during the run (a shared machine): read the ratios, not the times. The Pallas kernels "
