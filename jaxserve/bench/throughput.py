@@ -83,6 +83,10 @@ def options(args) -> BenchOptions:
         speculative = SpeculativeConfig.from_json(args.speculative_config)
     if (args.gguf_type or args.gguf_file) and args.backend != "llama.cpp":
         raise ValueError("--gguf-type and --gguf-file are for the llama.cpp backend")
+    if args.gguf_type:
+        import gguf
+        if args.gguf_type not in gguf.GGMLQuantizationType.__members__:
+            raise ValueError(f"--gguf-type {args.gguf_type!r} is not a GGML type (F32, F16, BF16, Q8_0, Q4_0, ...)")
     if args.gguf_file and not pathlib.Path(args.gguf_file).is_file():
         raise ValueError(f"--gguf-file {args.gguf_file!r} is not a file")
     return BenchOptions(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,

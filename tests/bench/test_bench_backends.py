@@ -63,6 +63,7 @@ def test_latency_record_and_the_options_checked_before_any_model_loads(tmp_path)
     assert r["ms_per_output_token"] == pytest.approx(1e3 * r["elapsed_s"] / 5)
     for bad in (["--gguf-type", "Q4_0"], ["--max-num-seqs", "0"], ["--gguf-file", "/nonexistent.gguf"]):
         assert main(["bench", "throughput", *TINY, *bad]) == 2
+    assert main(["bench", "throughput", *TINY, "--backend", "llama.cpp", "--gguf-type", "Q4_X"]) == 2
     with pytest.raises(SystemExit, match="2"):  # argparse: invalid choice
         main(["bench", "throughput", *TINY, "--backend", "sglang"])
     with pytest.raises(ValueError, match="output_tokens_per_s"):
