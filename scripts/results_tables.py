@@ -63,7 +63,7 @@ def throughput_vs_hf():
     return ["workload", "requests", "jaxserve output tok/s", "HF transformers output tok/s", "jaxserve / HF"], rows
 
 
-PEER_RUNS = tuple(f"results/peer_throughput/{m}/results.json" for m in ("small_llama",))
+PEER_RUNS = tuple(f"results/peer_throughput/{m}/results.json" for m in ("small_llama", "smollm2"))
 PEER_BACKENDS = ("jaxserve", "hf", "vllm", "llama.cpp")
 
 
