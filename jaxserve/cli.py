@@ -89,7 +89,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-BENCHMARKS = ("throughput", "serve")
+BENCHMARKS = ("throughput", "latency", "serve")
 
 
 def cmd_bench(args) -> int:
@@ -98,6 +98,9 @@ def cmd_bench(args) -> int:
     if args.rest[0] == "serve":
         from jaxserve.bench import serve
         return serve.main(args.rest[1:])
+    if args.rest[0] == "latency":
+        from jaxserve.bench import latency
+        return latency.main(args.rest[1:])
     from jaxserve.bench import throughput
     return throughput.main(args.rest[1:])
 
@@ -116,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(chat, max_tokens=256)
     chat.set_defaults(func=cmd_chat)
     _serve_parser(sub)
-    bench = sub.add_parser("bench", help="benchmarks: `jaxserve bench throughput --help`, `jaxserve bench serve "
-                                         "--help`", add_help=False)
+    bench = sub.add_parser("bench", help="benchmarks: `jaxserve bench throughput --help`, `jaxserve bench latency "
+                                         "--help`, `jaxserve bench serve --help`", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -36,6 +36,8 @@ def module_files() -> dict[str, pathlib.Path]:
     for top in TOP_PACKAGES:
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            if any(p.startswith(".") for p in parts):  # a venv or cache (benchmarks/peers/.envs), not our code
+                continue
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 

@@ -5,13 +5,24 @@ Length distributions (the vLLM paper's two datasets, Kwon et al. 2023, Fig. 11, 
 datasets' means (ShareGPT: input 161, output 338 tokens; Alpaca: input 19, output 58) and shape
 sigma (1.0 for ShareGPT, 0.8 for Alpaca's shorter, less spread lengths), floored at 4 tokens,
 inputs clipped to ``max_model_len // 2`` and outputs to what is left. ``length_scale`` multiplies
-the means (scaled-down runs keep the shape of the distribution).
+the means (scaled-down runs keep the shape of the distribution). ``fixed``: every request
+``input_len[0]`` prompt tokens and ``output_len[0]`` output tokens.
+
+A workload file (``save_workload`` / ``load_workload``) is the one form every benchmark backend reads,
+the peers' driver scripts included (they parse it with ``json`` alone, never importing jaxserve)::
+
+    {"format": "jaxserve-workload/1", "name": "sharegpt", "vocab_size": 4096,
+     "requests": [{"prompt_token_ids": [17, 4011, ...], "output_len": 128}, ...]}
 """
 from __future__ import annotations
 
+import json
+import pathlib
 from dataclasses import dataclass
 
 import numpy as np
+
+WORKLOAD_FORMAT = "jaxserve-workload/1"
 
 # name -> (mean input, mean output, sigma) of the log-normal lengths
 LOGNORMAL_DATASETS = {"sharegpt": (161.0, 338.0, 1.0), "alpaca": (19.0, 58.0, 0.8)}
@@ -30,7 +41,9 @@ def make_workload(name: str, num_requests: int, vocab_size: int, max_model_len: 
     lengths with the dataset's means times ``length_scale`` and its long tail (module docstring).
     """
     rng = np.random.default_rng(seed)
-    if name == "random":
+    if name == "fixed":
+        ins, outs = np.full(num_requests, input_len[0]), np.full(num_requests, output_len[0])
+    elif name == "random":
         ins = rng.integers(input_len[0], input_len[1] + 1, num_requests)
         outs = rng.integers(output_len[0], output_len[1] + 1, num_requests)
     elif name in LOGNORMAL_DATASETS:
@@ -43,10 +56,36 @@ def make_workload(name: str, num_requests: int, vocab_size: int, max_model_len: 
             return np.maximum(4, rng.lognormal(mu, sigma, num_requests)).astype(int)
         ins, outs = lengths(mean_in), lengths(mean_out)
     else:
-        raise ValueError(f"unknown workload {name!r}; choose 'random', 'sharegpt' or 'alpaca'")
+        raise ValueError(f"unknown workload {name!r}; choose 'fixed', 'random', 'sharegpt' or 'alpaca'")
     ins = np.minimum(ins, max_model_len // 2)
     outs = np.minimum(outs, max_model_len - ins)
     return [BenchRequest(rng.integers(0, vocab_size, int(i)).tolist(), int(o)) for i, o in zip(ins, outs)]
+
+
+def save_workload(path: str | pathlib.Path, requests: list[BenchRequest], *, name: str, vocab_size: int) -> None:
+    """Writes ``requests`` as a workload file (module docstring)."""
+    doc = {"format": WORKLOAD_FORMAT, "name": name, "vocab_size": vocab_size,
+           "requests": [{"prompt_token_ids": list(r.prompt_token_ids), "output_len": r.output_len} for r in requests]}
+    pathlib.Path(path).write_text(json.dumps(doc) + "\n")
+
+
+def load_workload(path: str | pathlib.Path, vocab_size: int | None = None) -> tuple[str, list[BenchRequest]]:
+    """(name, requests) of a workload file; every token id checked against ``vocab_size`` when given."""
+    doc = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(doc, dict) or doc.get("format") != WORKLOAD_FORMAT:
+        raise ValueError(f"{path}: not a workload file (format must be {WORKLOAD_FORMAT!r}, "
+                         f"got {doc.get('format') if isinstance(doc, dict) else type(doc).__name__!r})")
+    requests = []
+    for i, r in enumerate(doc["requests"]):
+        ids, out = r["prompt_token_ids"], r["output_len"]
+        if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ValueError(f"{path}: requests[{i}].prompt_token_ids must be a non-empty list of ints >= 0")
+        if not isinstance(out, int) or out < 1:
+            raise ValueError(f"{path}: requests[{i}].output_len must be an int >= 1, got {out!r}")
+        if vocab_size is not None and max(ids) >= vocab_size:
+            raise ValueError(f"{path}: requests[{i}] has token id {max(ids)} >= the model's vocab_size {vocab_size}")
+        requests.append(BenchRequest(ids, out))
+    return doc["name"], requests
 
 
 def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> np.ndarray:

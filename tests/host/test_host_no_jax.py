@@ -20,6 +20,7 @@ HOST_MODULES = [
     "jaxserve.tokenizer", "jaxserve.tokenizer_gguf", "jaxserve.chat_template",
     "jaxserve.zoo", "jaxserve.cli",  # `jaxserve --help` answers without loading JAX
     "jaxserve.engine.beam_search", "jaxserve.engine.batching",
+    "jaxserve.bench.peers", "jaxserve.bench.workload",  # the peer harness and workload files: host only
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout under test, first on the path
 PROBE = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
