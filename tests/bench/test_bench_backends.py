@@ -42,6 +42,7 @@ def _bench(tmp_path, name, argv):
     return check_record(json.loads(out.read_text()))
 
 
+@pytest.mark.peers  # the hf backend needs torch
 def test_jaxserve_and_hf_serve_one_workload_file_to_the_same_greedy_tokens(tmp_path):
     requests = make_workload("random", 3, 512, 32, seed=2, input_len=(3, 9), output_len=(2, 6))
     save_workload(tmp_path / "w.json", requests, name="random", vocab_size=512)
@@ -56,7 +57,7 @@ def test_jaxserve_and_hf_serve_one_workload_file_to_the_same_greedy_tokens(tmp_p
 
 
 def test_latency_record_and_the_options_checked_before_any_model_loads(tmp_path):
-    r = _bench(tmp_path, "lat", ["latency", *TINY, "--backend", "hf", "--input-len", "4", "--output-len", "5",
+    r = _bench(tmp_path, "lat", ["latency", *TINY, "--backend", "jaxserve", "--input-len", "4", "--output-len", "5",
                                  "--num-iters", "3"])
     assert r["benchmark"] == "latency" and r["num_prompts"] == 1 and len(r["runs_elapsed_s"]) == 3
     assert r["percentiles_s"]["10"] <= r["percentiles_s"]["50"] <= r["percentiles_s"]["99"]
