@@ -1,27 +1,93 @@
-"""FP4 perplexity: float vs NVFP4 / MXFP4 / FP8 / INT4 weights (and W4A4) on the zoo models.
+"""FP4 perplexity: float vs NVFP4 / MXFP4 / FP8 / INT4 weights (and W4A4), SmolLM2-135M or the zoo models.
 
-    python -m experiments.fp4_perplexity [key=value ...]    e.g. models=[jaxserve/tiny-code-draft] num_windows=8
+    python -m experiments.fp4_perplexity [key=value ...]    e.g. num_windows=8 weight_sources=[float32]
 
 Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults)
 and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
-format. Also reports the quantization error (pooled MSE/SQNR) of the same kernels' weights and of
-their inputs (activations of the first batch of validation windows, float32 model).
+format. Every row starts from one float tensor per weight (``weight_sources``): the weights as
+loaded (SmolLM2: dequantized from its GGUF file's Q4_1 blocks to float32), or those rounded to
+bfloat16 / float16 (a 16-bit export) and computed in float32. Also reports the quantization error
+(pooled MSE/SQNR) of the kernels' weights and inputs, and the Pallas kernel against the reference
+matmul on a few layers (``kernel_check.py``).
 """
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.fp4_perplexity.kernel_check import kernel_vs_reference, split_variant
+from experiments.fp4_perplexity.report import claim_rows, plot, report_model, source_rows, with_paired_delta
+from experiments.harness import ROOT
 from jaxserve.models.loading import resolve_model
 from jaxserve.quant import MatmulSettings, kernel_plan, quantization_report, quantize_params, weight_bytes
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.data import encode_split, windows
 from pallas_kernels.fp4.quant_error import VARIANTS
 
+PYCODE_VAL = "pycode-val"
+SOURCE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def validate(cfg):
+    """Errors a user can cause, raised before any model loads."""
+    for name in cfg.variants:
+        if split_variant(name)[0] not in VARIANTS:
+            raise ValueError(f"variants: unknown variant {name!r}; expected a key of {sorted(VARIANTS)}, "
+                             "optionally with the suffix '_w4a4'")
+    for src in cfg.weight_sources:
+        if src not in SOURCE_DTYPES:
+            raise ValueError(f"weight_sources: {src!r} is not one of {SOURCE_DTYPES}")
+    if not cfg.weight_sources or not cfg.baselines:
+        raise ValueError(f"weight_sources ({cfg.weight_sources}) and baselines ({cfg.baselines}) must not be empty")
+    text_files(cfg.text)
+
+
+def text_files(text: str) -> list[str]:
+    """The .txt files of config field ``text`` ([] for the pycode validation split)."""
+    if text == PYCODE_VAL:
+        return []
+    path = os.path.join(ROOT, text)
+    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".txt")) \
+        if os.path.isdir(path) else [path] if os.path.isfile(path) else []
+    if not files:
+        raise ValueError(f"text={text!r}: neither {PYCODE_VAL!r} nor a .txt file or a folder holding .txt files")
+    return files
+
+
+def text_stream(tokenizer, text: str) -> np.ndarray:
+    """i32[N]: the text's documents tokenized, each followed by EOS."""
+    if text == PYCODE_VAL:
+        return encode_split(tokenizer, None, "val")
+    docs = [open(f, encoding="utf-8").read() for f in text_files(text)]
+    return np.concatenate([np.asarray(tokenizer.encode(d) + [tokenizer.eos_token_id], np.int32) for d in docs])
+
+
+def pick_windows(val: np.ndarray, num: int, spread: bool) -> np.ndarray:
+    if not num or num >= len(val):
+        return val
+    return val[np.linspace(0, len(val) - 1, num).round().astype(int)] if spread else val[:num]
+
+
+def load(model, cfg):
+    """(config, params, windows i32[W, seq_len + 1], stream length) of a model and the config's text."""
+    config, params, tokenizer = resolve_model(model)
+    if tokenizer is None:
+        raise ValueError(f"{model} has no tokenizer: cannot tokenize text={cfg.text!r}")
+    stream = text_stream(tokenizer, cfg.text)
+    return config, params, pick_windows(windows(stream, cfg.seq_len), cfg.num_windows, cfg.spread_windows), len(stream)
+
+
+def source_params(params, source: str):
+    """params rounded to ``source`` and back to float32 (the tensors a 16-bit export would hold)."""
+    if source == "float32":
+        return params
+    return jax.tree.map(lambda x: x.astype(jnp.dtype(source)).astype(jnp.float32), params)
+
 
 def measure_variant(name, config, params, val, cfg):
-    base, w4a4 = name.removesuffix("_w4a4"), name.endswith("_w4a4")
+    base, w4a4 = split_variant(name)
     fmt, opts = VARIANTS[base]
     qparams = quantize_params(params, fmt, **opts)
     report = quantization_report(params, qparams)
@@ -32,14 +98,6 @@ def measure_variant(name, config, params, val, cfg):
             "kernels": f"{report.num_quantized}/{len(plan)}"}
 
 
-def measure_errors(config, params, val, cfg):
-    """Weight and activation quantization error of each base format of cfg.variants."""
-    inputs = dense_inputs(params, config, val[:cfg.batch_size, :-1])
-    names = dict.fromkeys(v.removesuffix("_w4a4") for v in cfg.variants)
-    return [{"variant": v, "weights": weight_error(params, v), "activations": activation_error(inputs, v)}
-            for v in names]
-
-
 def baseline_row(dtype, config, params, val, cfg):
     c = dataclasses.replace(config, dtype=dtype)
     p = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params)
@@ -47,95 +105,48 @@ def baseline_row(dtype, config, params, val, cfg):
             "bits_per_weight": 8 * jnp.dtype(dtype).itemsize, "kernels": "none"}
 
 
-def load(model, cfg):
-    """(config, params, validation windows i32[W, seq_len + 1]) of a zoo model or checkpoint."""
-    config, params, tokenizer = resolve_model(model)
-    if tokenizer is None:
-        raise ValueError(f"{model} has no tokenizer.json: cannot build validation windows")
-    val = windows(encode_split(tokenizer, None, "val"), cfg.seq_len)
-    return config, params, val[:cfg.num_windows] if cfg.num_windows else val
+def measure_errors(config, params, val, cfg):
+    """Weight and activation quantization error of each base format of cfg.variants."""
+    inputs = dense_inputs(params, config, val[:cfg.batch_size, :-1])
+    names = dict.fromkeys(split_variant(v)[0] for v in cfg.variants)
+    return [{"variant": v, "weights": weight_error(params, v), "activations": activation_error(inputs, v)}
+            for v in names]
 
 
-def describe(c):
-    return (f"{c.model_type}, hidden {c.hidden_size}, {c.num_layers} layers, MLP {c.intermediate_size}, "
-            f"vocab {c.vocab_size}, {'tied' if c.tie_word_embeddings else 'untied'} embeddings")
-
-
-def with_paired_delta(rows):
-    """Adds Δ loss against rows[0] on the same windows: mean and 2 standard errors of the per-window difference."""
-    for r in rows:
-        d = np.asarray(r["window_loss"]) - np.asarray(rows[0]["window_loss"])
-        r["delta_loss"] = float(d.mean())
-        r["delta_loss_2se"] = float(2 * d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("nan")
-        r["ppl_vs_ref_pct"] = 100 * (r["val_ppl"] / rows[0]["val_ppl"] - 1)
-    return rows
-
-
-def _fmt(x, spec):
-    return "n/a" if x is None or x != x else format(x, spec)  # NaN/None: the format selects no kernel here
-
-
-PPL_COLUMNS = {"variant": "variant", "kernels": "kernels", "bits_per_weight": "bits/weight", "bytes": "MB",
-               "val_loss": "val loss", "delta_loss": "Δ loss", "val_ppl": "val ppl", "ppl_vs_ref_pct": "ppl vs ref"}
-PPL_FMT = {"bits_per_weight": lambda r: _fmt(r["bits_per_weight"], ".3f"), "bytes": lambda r: f"{r['bytes'] / 1e6:.2f}",
-           "val_loss": ".4f", "delta_loss": lambda r: f"{r['delta_loss']:+.4f} ± {_fmt(r['delta_loss_2se'], '.4f')}",
-           "val_ppl": ".3f", "ppl_vs_ref_pct": "+.2f"}
-ERROR_COLUMNS = {"variant": "format", "kernels": "kernels", "weight_sqnr": "weight SQNR dB", "weight_mse": "weight MSE",
-                 "act_sqnr": "activation SQNR dB", "act_mse": "activation MSE"}
-ERROR_FMT = {"kernels": lambda e: f"{e['weights']['num_kernels']}/{e['weights']['num_dense_kernels']}",
-             "weight_sqnr": lambda e: (f"{_fmt(e['weights']['sqnr_db'], '.2f')} "
-                                       f"({_fmt(e['weights']['min_sqnr_db'], '.2f')})"),
-             "weight_mse": lambda e: _fmt(e["weights"]["mse"], ".3e"),
-             "act_sqnr": lambda e: _fmt(e["activations"]["sqnr_db"], ".2f"),
-             "act_mse": lambda e: _fmt(e["activations"]["mse"], ".3e")}
-
-
-def report_model(out, model, config, val, rows, errors, cfg):
-    ref = rows[0]
-    out.text(f"## {model} (impl {cfg.impl})\n\n"
-             f"{ref['val_tokens']} predicted tokens ({len(val)} validation windows of {cfg.seq_len + 1} tokens). "
-             f"Model: {describe(config)}; {ref['variant']} params {ref['bytes'] / 1e6:.2f} MB. "
-             "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and "
-             "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
-             "Dense call over the whole batch). bits/weight counts codes + block scales + tensor scale of the "
-             f"quantized kernels; MB is the whole params pytree. Δ loss is paired against {ref['variant']} on the "
-             "same windows: mean ± 2 standard errors of the per-window difference; ppl vs ref in %.")
-    out.table(f"ppl/{model}", rows, PPL_COLUMNS, fmt=PPL_FMT)
-    out.text(f"Quantization error on {model} (pooled over the same kernels; activations: the inputs of those "
-             f"Dense layers on the first {cfg.batch_size} windows, quantized along K). "
-             "SQNR = 10 log10(sum x^2 / sum err^2); min over kernels in brackets.")
-    out.table(f"errors/{model}", errors, ERROR_COLUMNS, fmt=ERROR_FMT)
-
-
-def plot(ax, results):
-    for model, rows in results.items():
-        qs = [r for r in rows if r["kernels"] != "none"]
-        ax.bar([f"{r['variant']}\n{model.split('/')[-1]}" for r in qs], [r["ppl_vs_ref_pct"] for r in qs])
-    ax.set_ylabel("perplexity vs unquantized (%)")
-    ax.tick_params(axis="x", labelrotation=90, labelsize="small")
+def measure_model(model, cfg, out):
+    config, params, val, stream_len = load(model, cfg)
+    out.json("model_configs", {**out.results.get("model_configs", {}), model: dataclasses.asdict(config)})
+    by_source, done = {}, {}
+    names = (*cfg.baselines, *cfg.variants)
+    for source, name in out.progress([(s, n) for s in cfg.weight_sources for n in names], desc=model):
+        # a baseline in the source's own dtype computes on the same tensors from either source: run it once
+        key = ("float32" if name == source else source, name)
+        if key not in done:
+            p = source_params(params, source)
+            done[key] = (baseline_row(name, config, p, val, cfg) if name in cfg.baselines
+                         else measure_variant(name, config, p, val, cfg))
+        rows = by_source.setdefault(source, [])
+        rows.append(dict(done[key]))
+        if len(rows) == len(names):
+            with_paired_delta(rows)
+    kernel_rows = []
+    if cfg.kernel_check_tokens and cfg.kernel_check_layers:
+        kernel_rows = kernel_vs_reference(params, config, val[:1, :cfg.kernel_check_tokens],
+                                          cfg.kernel_check_layers, cfg.variants)
+    report_model(out, model, config, val, stream_len, by_source, claim_rows(by_source),
+                 source_rows(by_source), measure_errors(config, params, val, cfg), kernel_rows, cfg)
+    return by_source
 
 
 def run(cfg, out):
-    units = [(m, n) for m in cfg.models for n in (*cfg.baselines, *cfg.variants)]
-    loaded, results, model_configs = {}, {}, {}
-    for model, name in out.progress(units, desc="model x variant"):
-        if model not in loaded:
-            loaded = {model: load(model, cfg)}  # one model in memory at a time
-            model_configs[model] = dataclasses.asdict(loaded[model][0])
-            out.json("model_configs", model_configs)
-        config, params, val = loaded[model]
-        rows = results.setdefault(model, [])
-        rows.append(baseline_row(name, config, params, val, cfg) if name in cfg.baselines
-                    else measure_variant(name, config, params, val, cfg))
-        if len(rows) == len(cfg.baselines) + len(cfg.variants):
-            report_model(out, model, config, val, with_paired_delta(rows),
-                         measure_errors(config, params, val, cfg), cfg)
-    with out.figure("ppl_vs_ref", f"Perplexity change vs {cfg.baselines[0]} per format (impl {cfg.impl})") as ax:
+    validate(cfg)
+    results = {model: measure_model(model, cfg, out) for model in cfg.models}
+    with out.figure("ppl_vs_ref", f"Perplexity change vs {cfg.baselines[0]} per format, ± 2 standard errors "
+                    f"of the per-window paired difference (impl {cfg.impl})", figsize=(8, 4.6)) as ax:
         plot(ax, results)
 
 
 if __name__ == "__main__":  # an alias of python -m experiments.fp4_perplexity
-    import os
     import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from experiments.harness import main
