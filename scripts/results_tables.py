@@ -238,6 +238,26 @@ def fp4_perplexity():
     return ["weights", "bits/weight", "tiny-code ppl (vs float32)", "tiny-code-draft ppl (vs float32)"], rows
 
 
+def fp4_perplexity_smollm2():
+    rel, model = "results/fp4_perplexity/smollm2/results.json", "smollm2-135m-instruct"
+    sources = load(rel)["config"]["weight_sources"]
+    ppl = {src: {r["variant"]: r for r in table(f"ppl/{model}/{src}", rel)} for src in sources}
+    claims = {(r["source"], r["variant"]): r for r in table(f"claim/{model}", rel)}
+
+    def band(r, key):
+        return "n/a" if r[f"vs_{key}_pct"] is None else \
+            f"{r[f'vs_{key}_pct']:+.1f}% [{r[f'vs_{key}_lo']:+.1f}, {r[f'vs_{key}_hi']:+.1f}]"
+
+    rows = []
+    for v, r in ppl[sources[0]].items():
+        c = claims.get((sources[0], v))
+        rows.append([v, "n/a" if r["bits_per_weight"] is None else f"{r['bits_per_weight']:.2f}",
+                     *(f"{ppl[src][v]['val_ppl']:.2f}" for src in sources),
+                     band(c, "bf16") if c else "", band(c, "fp8") if c else ""])
+    return ["weights", "bits/weight", *(f"ppl from {src}" for src in sources),
+            "vs bfloat16 [± 2 SE]", "vs fp8_tensor [± 2 SE]"], rows
+
+
 def moe_balance():
     rows = [[r["variant"], f"{r['max_vio_global']:.2f}", f"{r['max_vio_batch_last20pct']:.2f}", f"{r['val_ppl']:.2f}"]
             for r in table("variants", "results/moe_balance/results.json")]
@@ -388,7 +408,17 @@ CLAIMS = (
     Claim("FP4 perplexity of the zoo models (128 validation windows of 257 tokens)",
           ("results/fp4_perplexity/results.json",), fp4_perplexity,
           "Weights-only rows quantize every Dense kernel but the embedding and LM head; `_w4a4` rows also "
-          "fake-quantize each Dense input."),
+          "fake-quantize each Dense input. Run with the defaults of the time (zoo models); the folder's Notes give "
+          "the command under today's defaults."),
+    Claim("FP4 perplexity of SmolLM2-135M-Instruct (GGUF Q4_1, dequantized) on license texts",
+          ("results/fp4_perplexity/smollm2/results.json",), fp4_perplexity_smollm2,
+          "The GGUF file stores the Dense weights as llama.cpp Q4_1 (4-bit, 32-element blocks, f16 scale and min): "
+          "every row starts from those weights dequantized to float32 (\"from float32\") or rounded on to bfloat16 "
+          "(\"from bfloat16\", a 16-bit export), so it re-quantizes an already 4-bit grid. 32 windows of 257 tokens "
+          "(8,192 predicted tokens) evenly spaced over the 7 license texts of `tests/data/real_text`; the bands are "
+          "exp(Δ loss ± 2 SE) − 1 of the per-window paired difference. The vs-bfloat16/fp8 columns are for the "
+          "float32 source; weights-only FP8, NVIDIA's comparison is against FP8 W8A8. `int4_g128` quantizes only the 30 "
+          "`down_proj` kernels (K = 576 is not a multiple of 128). The run's code is commit e4e7f8b (uncommitted then)."),
     Claim("Auxiliary-loss-free MoE balancing (2-layer, 16-expert top-2 byte-level LM, 300 steps, one seed)",
           ("results/moe_balance/results.json",), moe_balance,
           "The paper's rate u = 1e-3 needs far more than 300 steps; the perplexity differences are within one seed's noise."),
