@@ -114,3 +114,33 @@ def test_fresh_needs_uniform_rows():
     with pytest.raises(ValueError, match="fresh needs uniform_q_len"):
         forward(params, config, jnp.array([5, 6, 7], jnp.int32), jnp.arange(3, dtype=jnp.int32), pool, meta,
                 attention_impl="reference")
+
+
+def test_bf16_model_pool_is_float32_on_cpu_and_reads_the_same_values():
+    """XLA:CPU widens a whole bf16 pool around every scatter and gather, so the xla backend stores a 16-bit
+    model's K/V in float32 there. The rows written are bf16-rounded, so the logits equal those read from a
+    bf16 pool bit for bit (prefill, then decode steps reading the cache)."""
+    from jaxserve.models.attention_backends import attention_backend
+    run = jax.jit(forward, static_argnames=("config", "attention_impl"))
+    config = get_preset("tiny-llama").replace(dtype="bfloat16")
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init_params(config, jax.random.key(2)))
+    wide = new_kv_pool(config, 8, BLOCK, "xla")
+    assert jax.default_backend() != "cpu" or wide.layers[0].k.dtype == wide.layers[0].v.dtype == jnp.float32
+    narrow = init_kv_pool(config.num_layers, 8, BLOCK, config.num_kv_heads, config.head_dim, jnp.bfloat16,
+                          k_tokens_minor=attention_backend("xla").k_tokens_minor)
+    tokens = np.random.default_rng(2).integers(0, config.vocab_size, 11)
+    table = [[5, 2, 7]]
+    outs = []
+    for pool in (wide, narrow):
+        got = []
+        meta = metadata(table, [0], [8])
+        logits, pool = run(params, config, jnp.array(tokens[:8], jnp.int32), jnp.arange(8, dtype=jnp.int32), pool,
+                           meta, attention_impl="xla")
+        got.append(np.asarray(logits))
+        for p in range(8, 11):
+            meta = metadata(table, [p], [1], decode_only=True)
+            logits, pool = run(params, config, jnp.array(tokens[p:p + 1], jnp.int32), jnp.array([p], jnp.int32),
+                               pool, meta, attention_impl="xla")
+            got.append(np.asarray(logits))
+        outs.append(np.concatenate(got))
+    np.testing.assert_array_equal(outs[0], outs[1])
