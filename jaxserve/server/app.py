@@ -111,7 +111,10 @@ async def completions(body: CompletionRequest, request: Request):
     gen = Generation(s.loop, prompts, params, body.stop_strings(), "cmpl")
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        return await _stream(gen, request, [], lambda d: [responses.completion_chunk(rid, s.model, created, d)],
+        offsets: dict[int, int] = {}
+        return await _stream(gen, request, [],
+                             lambda d: [responses.completion_chunk(rid, s.model, created, d, s.engine.tokenizer,
+                                                                   offsets)],
                              body.include_usage and (lambda: responses.usage_chunk(rid, s.model, created,
                                                                                    "text_completion", gen)))
     choices = await _collect(gen, request)
@@ -137,14 +140,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     gen = Generation(s.loop, [ids], [sp], body.stop_strings(), "chatcmpl")
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        def chunks(d):
-            out = [responses.chat_chunk(rid, s.model, created, d.index, {"content": d.text})] if d.text else []
-            if d.finish_reason is not None:
-                out.append(responses.chat_chunk(rid, s.model, created, d.index, {}, d.finish_reason))
-            return out
         head = [responses.chat_chunk(rid, s.model, created, i, {"role": "assistant", "content": ""})
                 for i in range(sp.n)]
-        return await _stream(gen, request, head, chunks,
+        return await _stream(gen, request, head, lambda d: responses.chat_delta_chunks(rid, s.model, created, d,
+                                                                                        tokenizer),
                              body.include_usage and (lambda: responses.usage_chunk(rid, s.model, created,
                                                                                    "chat.completion.chunk", gen)))
     choices = await _collect(gen, request)
@@ -158,9 +157,6 @@ def _check_common(s: ServerState, body) -> None:
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {s.model!r}", "model",
                        code="model_not_found")
     body.check_unsupported()
-    if body.stream and body.wants_logprobs:
-        raise ApiError(400, "logprobs with stream=true is not supported (log-probabilities come with the finished "
-                            "request): use stream=false", "logprobs")
     if body.n > s.engine.engine_config.max_num_seqs:
         raise ApiError(400, f"n={body.n} exceeds the server's max_num_seqs={s.engine.engine_config.max_num_seqs}",
                        "n")

@@ -35,6 +35,7 @@ class Served:
     sampled: object  # RequestOutput of PROMPTS[0] with SAMPLED
     logprobs: object  # RequestOutput of PROMPTS[1], greedy, logprobs=True
     chat: object  # RequestOutput of LLM.chat(CONVERSATION), greedy
+    chat_logprobs: object  # the same with logprobs=True
 
     @property
     def v1(self) -> str:
@@ -75,6 +76,7 @@ def served():
     logprobs = llm.generate(PROMPTS[1], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=True),
                             use_tqdm=False)[0]
     chat = llm.chat(CONVERSATION, greedy, use_tqdm=False)[0]
+    chat_logprobs = llm.chat(CONVERSATION, dataclasses.replace(greedy, logprobs=True), use_tqdm=False)[0]
     app = build_app(llm, MODEL, api_key=API_KEY)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -87,7 +89,7 @@ def served():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     port = sock.getsockname()[1]
-    yield Served(f"http://127.0.0.1:{port}", llm, app.state.server.loop, refs, sampled, logprobs, chat)
+    yield Served(f"http://127.0.0.1:{port}", llm, app.state.server.loop, refs, sampled, logprobs, chat, chat_logprobs)
     server.should_exit = True
     thread.join(10)
     sock.close()

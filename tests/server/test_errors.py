@@ -30,7 +30,6 @@ CASES = [  # (endpoint, body, status, param, words in the message)
     ("completions", {**OK, "stop_token_ids": [-3]}, 400, "stop_token_ids", "SamplingParams.stop_token_ids"),
     ("completions", {**OK, "stop": ["ok", ""]}, 400, "stop", "must not be empty"),
     ("completions", {**OK, "logprobs": 3}, 400, "logprobs", "only 0 is supported"),
-    ("completions", {**OK, "logprobs": 0, "stream": True}, 400, "logprobs", "stream=true"),
     ("completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ("completions", {**OK, "echo": True}, 400, "echo", "not supported"),
     ("completions", {**OK, "model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
