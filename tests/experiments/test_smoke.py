@@ -18,8 +18,10 @@ import pytest
 from experiments import harness
 
 ROOT = harness.ROOT
-NAMES = sorted(os.path.basename(os.path.dirname(p))
-               for p in glob.glob(os.path.join(ROOT, "experiments", "*", "__main__.py")))
+# experiments/<name>/__main__.py, and variants beside them: experiments/<name>/<variant>/__main__.py
+NAMES = sorted(os.path.relpath(os.path.dirname(p), os.path.join(ROOT, "experiments")).replace(os.sep, ".")
+               for p in glob.glob(os.path.join(ROOT, "experiments", "*", "__main__.py"))
+               + glob.glob(os.path.join(ROOT, "experiments", "*", "*", "__main__.py")))
 META_KEYS = {"experiment", "command", "preset", "date", "machine", "load_average", "python", "jax_version",
              "jaxlib_version", "backend", "devices", "git_commit", "complete", "seconds"}
 
