@@ -106,7 +106,7 @@ async def completions(body: CompletionRequest, request: Request):
     s = _state(request)
     _check_common(s, body)
     prompts = [_tokenize(s, p, "prompt") for p in _prompt_list(body.prompt)]
-    params = [body.sampling_params(_max_tokens(s, len(ids), body.max_tokens, "prompt"), body.wants_logprobs)
+    params = [body.sampling_params(_max_tokens(s, len(ids), body.max_tokens, "prompt"))
               for ids in prompts]
     gen = Generation(s.loop, prompts, params, body.stop_strings(), "cmpl")
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -136,7 +136,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError(400, str(e), "messages") from None
     ids = _tokenize(s, ids, "messages")
     max_tokens = _max_tokens(s, len(ids), body.requested_max_tokens, "messages")
-    sp = with_stop_ids(body.sampling_params(max_tokens, body.wants_logprobs), tokenizer.end_of_turn_ids)
+    sp = with_stop_ids(body.sampling_params(max_tokens), tokenizer.end_of_turn_ids)
     gen = Generation(s.loop, [ids], [sp], body.stop_strings(), "chatcmpl")
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:

@@ -21,13 +21,15 @@ from jaxserve.server.protocol import ApiError
 @dataclass
 class Delta:
     """New text of choice ``index``; with log-probs asked for, the tokens that text completes (``token_ids``,
-    starting at ``token_start`` in the choice) and their ``logprobs``."""
+    starting at ``token_start`` in the choice), their ``logprobs`` and (with top_logprobs) each one's ``top``
+    most likely (token id, log-prob)."""
     index: int
     text: str
     finish_reason: str | None = None
     token_start: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top: list | None = None
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Choice:
     token_ids: list[int]
     finish_reason: str
     logprobs: list[float] | None  # of each chosen token, when asked for
+    top_logprobs: list | None = None  # per token, the most likely (token id, log-prob), when asked for
 
 
 class Generation:
@@ -53,7 +56,9 @@ class Generation:
         self.finish: list[str | None] = [None] * len(self.choices)
         self.logprobs: list[list[float] | None] = [None] * len(self.choices)
         self._wants = [p.logprobs for p in self._params for _ in range(p.n)]
-        self._streamed = [[] for _ in self.choices]  # per choice: each pushed token's log-prob
+        self.top: list[list | None] = [None] * len(self.choices)
+        self._wants_top = [p.top_logprobs > 0 for p in self._params for _ in range(p.n)]
+        self._streamed = [[] for _ in self.choices]  # per choice: each pushed token's (log-prob, top candidates)
         self._sink: asyncio.Queue = asyncio.Queue()
         self._running: set[str] = set()
         self._closed = False
@@ -126,7 +131,8 @@ class Generation:
             pass
         if any(f is None for f in self.finish):
             raise ApiError(499, "the client closed the connection")
-        return [Choice(i, c.text, c.token_ids, self.finish[i], self.logprobs[i]) for i, c in enumerate(self.choices)]
+        return [Choice(i, c.text, c.token_ids, self.finish[i], self.logprobs[i], self.top[i])
+                for i, c in enumerate(self.choices)]
 
     def _push(self, rid: str, tokens) -> list[Delta]:
         out = []
@@ -134,7 +140,7 @@ class Generation:
             i = self._base[rid] + t.index
             if self.choices[i].stopped:
                 continue
-            d = self._grow(i, t.token_id, t.logprob)
+            d = self._grow(i, t.token_id, t.logprob, t.top_logprobs)
             if d is not None:
                 out.append(d)
         base = self._base[rid]
@@ -143,11 +149,11 @@ class Generation:
             self._running.discard(rid)
         return out
 
-    def _grow(self, i: int, token_id: int, logprob: float | None) -> Delta | None:
+    def _grow(self, i: int, token_id: int, logprob: float | None, top) -> Delta | None:
         """Choice ``i`` takes a token: the delta to stream, if any (text, a stop, or tokens with log-probs)."""
         choice = self.choices[i]
         text = choice.push(token_id)
-        self._streamed[i].append(logprob)
+        self._streamed[i].append((logprob, top))
         if choice.stopped:
             self.finish[i] = "stop"
         d = self._delta(i, text)
@@ -158,21 +164,23 @@ class Generation:
         choice, released = self.choices[i], self.choices[i].release()
         if not self._wants[i]:
             return Delta(i, text, self.finish[i])
+        streamed = [self._streamed[i][k] for k in released]
         return Delta(i, text, self.finish[i], released.start, [choice.token_ids[k] for k in released],
-                     [self._streamed[i][k] for k in released])
+                     [lp for lp, _ in streamed], [top for _, top in streamed] if self._wants_top[i] else None)
 
     def _close(self, rid: str, output) -> list[Delta]:
         out = []
         for o in output.outputs:
             i = self._base[rid] + o.index
             choice = self.choices[i]
-            lps = o.logprobs
+            lps, tops = o.logprobs, o.top_logprobs
             if self.finish[i] is None:  # ended in the engine (EOS, a stop token, max_tokens, an abort)
                 for k in range(len(choice.token_ids), len(o.token_ids)):  # tokens not streamed yet (none normally)
                     choice.push(o.token_ids[k])
-                    self._streamed[i].append(None if lps is None else lps[k])
+                    self._streamed[i].append((None if lps is None else lps[k], None if tops is None else tops[k]))
                 text = choice.close()
                 self.finish[i] = "stop" if choice.stopped else o.finish_reason
                 out.append(self._delta(i, text))
             self.logprobs[i] = None if lps is None else list(lps[:len(choice.token_ids)])
+            self.top[i] = None if tops is None else list(tops[:len(choice.token_ids)])
         return out

@@ -28,7 +28,8 @@ def completion_chunk(rid: str, model: str, created: int, d: Delta, tokenizer, of
     chunks, so a stream's offsets are the non-streamed response's."""
     logprobs = None
     if d.logprobs is not None:
-        logprobs = _completion_logprobs(token_strings(d.token_ids, tokenizer), d.logprobs, offsets.get(d.index, 0))
+        logprobs = _completion_logprobs(token_strings(d.token_ids, tokenizer), d.logprobs, d.top, tokenizer,
+                                        offsets.get(d.index, 0))
         offsets[d.index] = offsets.get(d.index, 0) + sum(len(t) for t in logprobs["tokens"])
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": d.index, "text": d.text, "finish_reason": d.finish_reason, "logprobs": logprobs}]}
@@ -52,7 +53,8 @@ def chat_delta_chunks(rid: str, model: str, created: int, d: Delta, tokenizer) -
     """A delta's chunks: its content (with its tokens' ``logprobs.content``), then its finish reason."""
     out = []
     if d.text or d.token_ids:
-        logprobs = None if d.logprobs is None else _chat_logprobs(token_strings(d.token_ids, tokenizer), d.logprobs)
+        logprobs = None if d.logprobs is None else _chat_logprobs(token_strings(d.token_ids, tokenizer), d.logprobs,
+                                                                  d.top, tokenizer)
         out.append(chat_chunk(rid, model, created, d.index, {"content": d.text}, logprobs=logprobs))
     if d.finish_reason is not None:
         out.append(chat_chunk(rid, model, created, d.index, {}, d.finish_reason))
@@ -68,20 +70,26 @@ def token_strings(token_ids, tokenizer) -> list[str]:
     return [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
 
 
-def _completion_logprobs(tokens: list[str], logprobs: list[float], offset: int = 0) -> dict:
+def _completion_logprobs(tokens: list[str], logprobs: list[float], top: list | None, tokenizer,
+                         offset: int = 0) -> dict:
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+    tops = None if top is None else [dict(zip(token_strings([t for t, _ in pos], tokenizer), [lp for _, lp in pos]))
+                                     for pos in top]
+    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(tokens, logprobs)]}
+def _chat_logprobs(tokens: list[str], logprobs: list[float], top: list | None, tokenizer) -> dict:
+    def entry(token: str, lp: float) -> dict:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+    tops = [[] for _ in tokens] if top is None else [
+        [entry(t, lp) for t, (_, lp) in zip(token_strings([t for t, _ in pos], tokenizer), pos)] for pos in top]
+    return {"content": [{**entry(t, lp), "top_logprobs": alts} for t, lp, alts in zip(tokens, logprobs, tops)]}
 
 
 def _choice_logprobs(c: Choice, tokenizer, shape) -> dict | None:
     if c.logprobs is None:
         return None
-    return shape(token_strings(c.token_ids[:len(c.logprobs)], tokenizer), c.logprobs)
+    return shape(token_strings(c.token_ids[:len(c.logprobs)], tokenizer), c.logprobs, c.top_logprobs, tokenizer)
