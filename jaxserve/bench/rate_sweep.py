@@ -8,6 +8,7 @@ highest rate whose latency statistic (``mean`` or ``p99``) stays under the targe
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -26,9 +27,12 @@ def served_model(base_url: str) -> dict:
 
 
 def sweep(base_url: str, requests: list[BenchRequest], rates: Sequence[float], *, stop_factor: float | None = None,
-          seed: int = 0, progress=None) -> list[dict]:
+          warm: int = 0, seed: int = 0, progress=None) -> list[dict]:
     """One row per rate run: the rate, the bench summary's figures (ms) and the load average after it;
-    ``progress(row)`` is called after each."""
+    ``progress(row)`` is called after each. ``warm``: first send that many of the requests at once, untimed
+    (first-use costs of the server and the client stay out of the lowest rate's figures)."""
+    if warm:
+        bench_rate(base_url, requests[:warm], math.inf, seed=seed)
     rows = []
     for rate in sorted(rates):
         res = bench_rate(base_url, requests, rate, seed=seed)

@@ -20,7 +20,7 @@ def run(cfg, out):
                 requests = make_workload(cfg.dataset, cfg.num_requests, served_model(url)["vocab_size"],
                                          cfg.max_model_len, cfg.seed, length_scale=cfg.length_scale)
             rows += [{"policy": policy, **r} for r in sweep(url, requests, cfg.rates, stop_factor=cfg.stop_factor,
-                                                            seed=cfg.seed)]
+                                                            warm=cfg.warm_requests, seed=cfg.seed)]
     report.points(cfg, out, rows)
     report.sustained(cfg, out, rows)
 
