@@ -2,9 +2,9 @@
 
 Time is wall-clock seconds against a running ``jaxserve serve`` process (one per KV policy), rates in
 requests per second. The KV pool is small enough that the policy decides how many requests run at once,
-and the model is big enough (SmolLM2-135M) that a decode step costs about as much for 3 sequences as for 20
-on the CPU, as on a GPU: with the 8M-parameter tiny-code the server's per-token host work, not the batch,
-bounds throughput on 2 cores, and the policy hardly matters (``results/vllm_paged/live_server/tiny_code``).
+and the model is big enough (SmolLM2-135M) that its decode throughput grows with the batch on the CPU (as on
+a GPU): with the 8M-parameter tiny-code every policy topped out at the same token rate on 2 cores, whatever
+its batch, and the policy hardly mattered (``results/vllm_paged/live_server/tiny_code``).
 """
 import dataclasses
 
