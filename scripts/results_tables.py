@@ -280,6 +280,7 @@ def vllm_paged():
 
 
 LIVE = "results/vllm_paged/live_server/results.json"
+LIVE_TINY = "results/vllm_paged/live_server/tiny_code/results.json"  # cited: the run that moved the default model
 
 
 def vllm_paged_live():
@@ -418,13 +419,13 @@ CLAIMS = (
           "The paper's memory (15.7K KV slots), max_model_len 2048; synthetic ShareGPT-like and Alpaca-like lengths. "
           "Time is engine steps (the device replaced by `NullRunner`; the real forward pass gives the same schedule), "
           "so the GPU cost of big batches is not in these numbers; 200 / 1000 requests per point overstate the knee."),
-    Claim("vLLM's PagedAttention vs Orca's reservations against a live server, in wall-clock time", (LIVE,),
+    Claim("vLLM's PagedAttention vs Orca's reservations against a live server, in wall-clock time", (LIVE, LIVE_TINY),
           vllm_paged_live,
           "`jaxserve serve smollm2-135m-instruct` (float32) per policy and `jaxserve bench serve` (Poisson, ShareGPT-like "
           "lengths x 0.1, 40 requests per rate), 768 KV slots, max_model_len 256; the target is 2x the best mean (p99) "
           "normalized latency at the lowest rate; >=: never crossed on the grid, <: crossed at the lowest rate. One run "
           "on the shared 2-core VM (the load average is in RESULTS.md, per point): wall-clock figures are noisy. With "
-          "tiny-code instead every policy topped out at the same token rate "
+          "tiny-code instead (the second run below) every policy topped out at about the same token rate "
           "(`results/vllm_paged/live_server/tiny_code`)."),
     Claim("Decode roofline for H100 / H200 / B200, and jaxserve's CPU decode step against it",
           ("results/blackwell_roofline/results.json",), blackwell_roofline,
