@@ -12,6 +12,10 @@ An experiment is a package ``experiments/<name>/`` with three files:
 - ``__main__.py``: ``from experiments.harness import main; main("<name>")`` (set environment such
   as ``XLA_FLAGS`` there, before anything imports jax).
 
+A variant with its own configuration lives beside its experiment as a subpackage with the same three
+files, ``experiments/<name>/<variant>/``, named ``<name>.<variant>`` (``python -m experiments.<name>.<variant>``);
+it writes ``results/<name>/<variant>/``.
+
 Overrides are dotted ``key=value`` strings type-checked by ``jaxserve.config.apply_overrides``
 (OmegaConf): an unknown key or a value of the wrong type is a ``ValueError`` naming it, raised
 before anything runs or is written. ``preset=`` and ``out_dir=`` belong to the harness.
@@ -97,7 +101,8 @@ def parse(name: str, conf, argv: Sequence[str]):
     if preset is not None and preset not in presets:
         raise ValueError(f"unknown preset {preset!r} for experiment {name!r}; known: {sorted(presets)}")
     cfg = apply_overrides(conf.CONFIG, [*presets.get(preset, ()), *rest])
-    default = os.path.join(ROOT, "results", *(["smoke"] if preset == "smoke" else []), name)
+    # a variant beside its experiment (experiments/<name>/<variant>/) writes results/<name>/<variant>/
+    default = os.path.join(ROOT, "results", *(["smoke"] if preset == "smoke" else []), *name.split("."))
     return cfg, preset, os.path.abspath(harness.get("out_dir") or default)
 
 

@@ -16,7 +16,9 @@ class SamplingParams:
     ``seed`` fixes the request's random stream: the same seed gives the same tokens whatever
     else is in the batch. ``logprobs=True`` returns the log-probability (under the model's
     unmodified distribution) of each chosen token; with speculative decoding, the target's (read
-    from the verify pass, as vLLM reports them).
+    from the verify pass, as vLLM reports them). ``top_logprobs=k`` (1..MAX_TOP_LOGPROBS, with
+    ``logprobs=True``) also returns, at each position, the ``k`` most likely tokens and their
+    log-probabilities (vLLM's ``logprobs=k``); not with speculative decoding.
 
     Every field is checked strictly (``jaxserve.validation``): integers must be ints (not bool or
     float), numbers finite; ``TypeError``/``ValueError`` name the field and the value.
@@ -30,6 +32,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self):
         f, set_ = "SamplingParams.", lambda k, v: object.__setattr__(self, k, v)
@@ -44,6 +47,9 @@ class SamplingParams:
         set_("stop_token_ids", _check_stop_tokens(self.stop_token_ids))
         set_("ignore_eos", check_bool(f + "ignore_eos", self.ignore_eos))
         set_("logprobs", check_bool(f + "logprobs", self.logprobs))
+        set_("top_logprobs", check_int(f + "top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS + 1))
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"SamplingParams.top_logprobs={self.top_logprobs} needs logprobs=True")
 
     @property
     def greedy(self) -> bool:
@@ -64,6 +70,9 @@ class BeamSearchParams:
         set_("length_penalty", check_number(f + "length_penalty", self.length_penalty))
         set_("ignore_eos", check_bool(f + "ignore_eos", self.ignore_eos))
 
+
+# The most top_logprobs a request may ask for: the runner's step returns this many candidates per row.
+MAX_TOP_LOGPROBS = 16
 
 # Below this a float32 logit / temperature overflows to inf (and the row's softmax is NaN); use 0 for greedy.
 MIN_TEMPERATURE = 1e-5

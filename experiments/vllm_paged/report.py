@@ -1,6 +1,8 @@
 """Tables, figures and text of the vllm_paged experiment (from the rows ``run.py`` measured)."""
 import math
 
+from jaxserve.bench.rate_sweep import sustained_rate
+
 POLICY_NAMES = {"paged": "vLLM (paged)", "orca_oracle": "Orca (Oracle)", "orca_pow2": "Orca (Pow2)",
                 "orca_max": "Orca (Max)"}
 KV_PARTS = ("token_states", "reserved", "internal", "external", "free")
@@ -18,21 +20,6 @@ def preamble(cfg, out):
              f"log-normals (ShareGPT: mean in 161 / out 338, sigma 1.0; Alpaca: mean in 19 / out 58, sigma "
              f"0.8) times {cfg.length_scale}, outputs forced with ignore_eos. All sections but `model` run the "
              f"real scheduler and block manager with the device replaced by `NullRunner`.")
-
-
-def sustained_rate(rates, latencies, limit):
-    """Rate where the normalized latency crosses ``limit`` (linearly interpolated on the grid).
-
-    Returns (rate, bound): bound "=" when interpolated, ">=" when the latency never crosses on the
-    grid (the top rate is a lower bound), "<" when it is above the limit already at the lowest rate.
-    """
-    if latencies[0] > limit:
-        return rates[0], "<"
-    for i in range(1, len(rates)):
-        if latencies[i] > limit:
-            f = (limit - latencies[i - 1]) / (latencies[i] - latencies[i - 1])
-            return rates[i - 1] + f * (rates[i] - rates[i - 1]), "="
-    return rates[-1], ">="
 
 
 def memory(cfg, out, rows, paper_fig2):

@@ -6,8 +6,8 @@ Sends ``--num-prompts`` streaming ``/v1/completions`` requests to ``--base-url``
 (``random``: uniform in ranges; ``sharegpt``: ShareGPT's long-tailed log-normal lengths, synthetic, no
 download); ``ignore_eos`` makes each produce its drawn output length. Reports, as JSON with vLLM's keys:
 request/token throughput and TTFT (time to first token), TPOT (time per output token after the first,
-per request), ITL (gaps between streamed chunks) and E2EL (end-to-end latency): mean, median (p50), std,
-p99, in ms. Works against any OpenAI-compatible server that accepts token-id prompts (vLLM's too:
+per request), ITL (gaps between streamed chunks), E2EL (end-to-end latency) and NORM_LATENCY (E2EL / output
+tokens, per request: the vLLM paper's normalized latency): mean, median (p50), std, p99, in ms. Works against any OpenAI-compatible server that accepts token-id prompts (vLLM's too:
 pass ``--vocab-size`` where ``/v1/models`` does not report one).
 """
 from __future__ import annotations
@@ -137,6 +137,14 @@ async def run(args, requests: list[BenchRequest] | None = None) -> dict:
         **(_detailed(results) if args.save_detailed else {})}
 
 
+def bench_rate(base_url: str, requests: list[BenchRequest], rate: float, *, seed: int = 0,
+               timeout: float = 600.0) -> dict:
+    """``jaxserve bench serve`` of ``requests`` against ``base_url`` at ``rate`` requests/s (Poisson), greedy."""
+    args = _parser().parse_args(["--base-url", base_url, "--request-rate", str(rate), "--seed", str(seed),
+                                 "--timeout", str(timeout)])
+    return asyncio.run(run(args, requests))
+
+
 def summarize(results: list[RequestResult], duration: float) -> dict:
     """vLLM's ``benchmark_serving`` figures over the requests that completed (times in ms)."""
     done = [r for r in results if r.ok]
@@ -144,7 +152,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     in_tokens = sum(r.prompt_len for r in done)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     metrics = {"ttft": [r.ttft for r in done], "tpot": tpot, "itl": [x for r in done for x in r.itl],
-               "e2el": [r.latency for r in done]}
+               "e2el": [r.latency for r in done],
+               "norm_latency": [r.latency / r.output_tokens for r in done if r.output_tokens > 0]}
     summary = {"duration": duration, "completed": len(done), "failed": len(results) - len(done),
                "errors": sorted({r.error for r in results if not r.ok})[:5],
                "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,

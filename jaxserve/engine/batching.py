@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxserve.buckets import bucket, decode_batch_buckets, powers_of_two
+from jaxserve.sampling_params import MAX_TOP_LOGPROBS
 
-NUM_TOP_LOGPROBS = 16  # top candidates returned per sample row when asked (beam search uses 2 x beam_width)
+# top candidates returned per sample row when asked (beam search uses 2 x beam_width; SamplingParams.top_logprobs)
+NUM_TOP_LOGPROBS = MAX_TOP_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class RunnerOutput:
     first tokens of an n>1 fork; or a speculative round's 1..γ+1 emitted tokens (a list).
     ``logprobs``: per (request id, sample index), the new tokens' log-probabilities under the
     target's raw logits, in order (a round's may run past a stop the scheduler cuts at).
-    ``top``: only when asked (beam search), per sequence id, the NUM_TOP_LOGPROBS most likely next
+    ``top``: only when asked (beam search, ``SamplingParams.top_logprobs``), per sequence id, the NUM_TOP_LOGPROBS most likely next
     tokens' log-probs f32[k] and ids i32[k]. ``accepted``: per sequence id that ran a round, the
     draft tokens accepted; ``drafted``: the tokens it proposed, when fewer than γ can be (suffix
     decoding); ``target_rows``: target positions sampled or verified (metrics).

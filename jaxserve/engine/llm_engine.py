@@ -41,6 +41,7 @@ class StepToken:
     token_id: int
     finished: bool
     logprob: float | None = None  # its log-probability under the target's raw logits
+    top_logprobs: tuple[tuple[int, float], ...] | None = None  # the k most likely (token id, log-prob), when asked
 
 
 class LLMEngine:
@@ -107,6 +108,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._prompts: dict[str, str | None] = {}
         self._logprobs: dict[tuple[str, int], list[float]] = defaultdict(list)
+        # per (request, sample): each position's top_logprobs most likely (token id, log-prob), when asked
+        self._top: dict[tuple[str, int], list[tuple[tuple[int, float], ...]]] = defaultdict(list)
         self.finished: dict[str, RequestOutput] = {}
 
     # ---- requests ---------------------------------------------------------------------------
@@ -125,6 +128,9 @@ class LLMEngine:
         """Every check of ``add_request`` without queuing anything; returns the prompt's token ids."""
         if not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"{label}: expected SamplingParams, got {type(sampling_params).__name__}")
+        if sampling_params.top_logprobs and self.speculative is not None:
+            raise ValueError(f"{label}: SamplingParams.top_logprobs={sampling_params.top_logprobs} is not available "
+                             "with speculative decoding (its rounds return only the chosen tokens' log-probs)")
         token_ids = self.tokenize(prompt, label)
         self.scheduler.validate_request(None, token_ids, sampling_params, label=label)
         return token_ids
@@ -160,8 +166,9 @@ class LLMEngine:
         """Drops every trace of a request that is no longer live (its result included)."""
         self.finished.pop(request_id, None)
         self._prompts.pop(request_id, None)
-        for key in [k for k in self._logprobs if k[0] == request_id]:
-            del self._logprobs[key]
+        for per_sample in (self._logprobs, self._top):
+            for key in [k for k in per_sample if k[0] == request_id]:
+                del per_sample[key]
 
     def abort(self, request_id: str) -> RequestOutput:
         """Stops a request and frees its blocks; an unknown id is a ``ValueError``."""
@@ -181,9 +188,14 @@ class LLMEngine:
                                "the running requests")
         seqs = self.scheduler.seqs
         before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
-        result = self.runner.execute(out)
+        want_top = any(self._top_k(e) for e in out.scheduled)
+        result = self.runner.execute(out, top_logprobs=True) if want_top else self.runner.execute(out)
         for key, lps in result.logprobs.items():  # a round's run past a stop is cut with its tokens in _finish
             self._logprobs[key].extend(lps)
+        tops = {e.seq_id: top for e in out.scheduled if (top := self._top_of(e, result.top)) is not None}
+        for e in out.scheduled:
+            for j in range(e.num_samples if e.seq_id in tops else 0):  # a plain step: one token per sample
+                self._top[(e.request_id, e.index + j)].append(tops[e.seq_id])
         res = self.scheduler.update(out, result.sampled)
         finished = {r.request_id for r in res.finished}
         for req in res.finished:
@@ -196,23 +208,38 @@ class LLMEngine:
                 start = n if s is seq else 0
                 lps = result.logprobs.get((e.request_id, s.index), [])
                 produced += [StepToken(e.request_id, s.index, t, e.request_id in finished,
-                                       lps[i] if i < len(lps) else None)
+                                       lps[i] if i < len(lps) else None, tops.get(e.seq_id))
                              for i, t in enumerate(s.output_token_ids[start:])]
         if self.spec_stats is not None:
             drafted = [result.drafted[k] for k in result.accepted] if result.drafted else None
             self.spec_stats.record_step(list(result.accepted.values()), result.target_rows, len(produced), drafted)
         return produced
 
+    @staticmethod
+    def _top_k(e) -> int:
+        """How many top candidates a scheduled entry wants this step (0 unless it samples and asked)."""
+        return getattr(e.sampling_params, "top_logprobs", 0) if e.sample else 0
+
+    def _top_of(self, e, top: dict) -> tuple[tuple[int, float], ...] | None:
+        """The entry's ``top_logprobs`` most likely next tokens, if it sampled and asked for them."""
+        k = self._top_k(e)
+        if not k or e.seq_id not in top:
+            return None
+        lps, ids = top[e.seq_id]
+        return tuple((int(t), float(lp)) for t, lp in zip(ids[:k], lps[:k]))
+
     def _finish(self, req: Request) -> RequestOutput:
         rid = req.request_id
         outputs = []
         for seq in sorted(req.seqs, key=lambda s: s.index):
             lps = self._logprobs.pop((rid, seq.index), [])[: len(seq.output_token_ids)]
+            top = self._top.pop((rid, seq.index), [])[: len(seq.output_token_ids)]
             text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else ""
-            wants = seq.sampling_params.logprobs
+            sp = seq.sampling_params
             outputs.append(CompletionOutput(seq.index, text, list(seq.output_token_ids),
                                             FINISH_REASONS.get(seq.status), seq.stop_reason,
-                                            lps if wants else None, float(np.sum(lps)) if wants else None))
+                                            lps if sp.logprobs else None, float(np.sum(lps)) if sp.logprobs else None,
+                                            [list(t) for t in top] if sp.top_logprobs else None))
         result = RequestOutput(rid, self._prompts.pop(rid, None), list(req.prompt_token_ids), outputs, True)
         self.finished[rid] = result
         return result

@@ -13,6 +13,8 @@ class CompletionOutput:
     stop_reason: int | None = None  # the EOS / stop token that ended it
     logprobs: list[float] | None = None  # of each chosen token, when SamplingParams.logprobs
     cumulative_logprob: float | None = None
+    # per position, the SamplingParams.top_logprobs most likely (token id, log-prob), most likely first
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

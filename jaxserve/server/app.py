@@ -106,12 +106,15 @@ async def completions(body: CompletionRequest, request: Request):
     s = _state(request)
     _check_common(s, body)
     prompts = [_tokenize(s, p, "prompt") for p in _prompt_list(body.prompt)]
-    params = [body.sampling_params(_max_tokens(s, len(ids), body.max_tokens, "prompt"), body.wants_logprobs)
+    params = [body.sampling_params(_max_tokens(s, len(ids), body.max_tokens, "prompt"))
               for ids in prompts]
     gen = Generation(s.loop, prompts, params, body.stop_strings(), "cmpl")
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        return await _stream(gen, request, [], lambda d: [responses.completion_chunk(rid, s.model, created, d)],
+        offsets: dict[int, int] = {}
+        return await _stream(gen, request, [],
+                             lambda d: [responses.completion_chunk(rid, s.model, created, d, s.engine.tokenizer,
+                                                                   offsets)],
                              body.include_usage and (lambda: responses.usage_chunk(rid, s.model, created,
                                                                                    "text_completion", gen)))
     choices = await _collect(gen, request)
@@ -133,18 +136,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ApiError(400, str(e), "messages") from None
     ids = _tokenize(s, ids, "messages")
     max_tokens = _max_tokens(s, len(ids), body.requested_max_tokens, "messages")
-    sp = with_stop_ids(body.sampling_params(max_tokens, body.wants_logprobs), tokenizer.end_of_turn_ids)
+    sp = with_stop_ids(body.sampling_params(max_tokens), tokenizer.end_of_turn_ids)
     gen = Generation(s.loop, [ids], [sp], body.stop_strings(), "chatcmpl")
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        def chunks(d):
-            out = [responses.chat_chunk(rid, s.model, created, d.index, {"content": d.text})] if d.text else []
-            if d.finish_reason is not None:
-                out.append(responses.chat_chunk(rid, s.model, created, d.index, {}, d.finish_reason))
-            return out
         head = [responses.chat_chunk(rid, s.model, created, i, {"role": "assistant", "content": ""})
                 for i in range(sp.n)]
-        return await _stream(gen, request, head, chunks,
+        return await _stream(gen, request, head, lambda d: responses.chat_delta_chunks(rid, s.model, created, d,
+                                                                                        tokenizer),
                              body.include_usage and (lambda: responses.usage_chunk(rid, s.model, created,
                                                                                    "chat.completion.chunk", gen)))
     choices = await _collect(gen, request)
@@ -158,9 +157,6 @@ def _check_common(s: ServerState, body) -> None:
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {s.model!r}", "model",
                        code="model_not_found")
     body.check_unsupported()
-    if body.stream and body.wants_logprobs:
-        raise ApiError(400, "logprobs with stream=true is not supported (log-probabilities come with the finished "
-                            "request): use stream=false", "logprobs")
     if body.n > s.engine.engine_config.max_num_seqs:
         raise ApiError(400, f"n={body.n} exceeds the server's max_num_seqs={s.engine.engine_config.max_num_seqs}",
                        "n")

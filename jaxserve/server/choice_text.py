@@ -4,6 +4,11 @@ The engine stops on tokens; OpenAI's ``stop`` is strings, which may span tokens.
 incrementally (``IncrementalDetokenizer``) and holds back the last ``len(longest stop) - 1`` characters,
 which might be the start of a stop string, so streamed text never shows a stop string or part of one
 (as vLLM's detokenizer does). The stop string itself is not part of the text.
+
+``release()`` says which tokens a chunk carries (their log-probabilities): a token goes out with the
+chunk holding the end of the text decoded through it, so a token whose text is held back waits with
+it; once the choice ended (a stop string, or ``close``) every pushed token goes, the stop string's too
+(as the non-streamed response lists them).
 """
 from __future__ import annotations
 
@@ -22,21 +27,36 @@ class ChoiceText:
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._emitted = 0  # characters of the text already returned
         self.token_ids: list[int] = []
+        self._ends: list[int] = []  # per token: the decoded text's length once it was pushed
+        self._released = 0  # tokens already handed out by release()
         self.text = ""  # everything emitted so far
         self.stopped = False  # a stop string was found: later tokens are ignored
+        self._closed = False
 
     def push(self, token_id: int) -> str:
         if self.stopped:
             return ""
         self.token_ids.append(int(token_id))
         self._detok.push(token_id)
+        self._ends.append(len(self._detok.text))
         return self._emit(self._detok.text, final=False)
 
     def close(self) -> str:
         """The rest of the text (the whole output decoded at once, as ``LLM.generate`` decodes it)."""
         if self.stopped:
             return ""
-        return self._emit(self._tokenizer.decode(self.token_ids), final=True)
+        text = self._emit(self._tokenizer.decode(self.token_ids), final=True)
+        self._closed = True
+        return text
+
+    def release(self) -> range:
+        """Positions (in ``token_ids``) of the tokens whose text has now gone out, since the last call."""
+        done = self.stopped or self._closed
+        end = len(self.token_ids) if done else self._released
+        while end < len(self.token_ids) and self._ends[end] <= self._emitted:
+            end += 1
+        out, self._released = range(self._released, end), end
+        return out
 
     def _emit(self, full: str, final: bool) -> str:
         cut = self._find_stop(full)

@@ -10,7 +10,7 @@ handler ends early (``close``), every engine request still running is aborted.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
 
 from jaxserve.server.choice_text import ChoiceText
@@ -20,9 +20,16 @@ from jaxserve.server.protocol import ApiError
 
 @dataclass
 class Delta:
+    """New text of choice ``index``; with log-probs asked for, the tokens that text completes (``token_ids``,
+    starting at ``token_start`` in the choice), their ``logprobs`` and (with top_logprobs) each one's ``top``
+    most likely (token id, log-prob)."""
     index: int
     text: str
     finish_reason: str | None = None
+    token_start: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top: list | None = None
 
 
 @dataclass
@@ -32,6 +39,7 @@ class Choice:
     token_ids: list[int]
     finish_reason: str
     logprobs: list[float] | None  # of each chosen token, when asked for
+    top_logprobs: list | None = None  # per token, the most likely (token id, log-prob), when asked for
 
 
 class Generation:
@@ -47,6 +55,10 @@ class Generation:
         self.choices = [ChoiceText(tokenizer, stop) for p in self._params for _ in range(p.n)]
         self.finish: list[str | None] = [None] * len(self.choices)
         self.logprobs: list[list[float] | None] = [None] * len(self.choices)
+        self._wants = [p.logprobs for p in self._params for _ in range(p.n)]
+        self.top: list[list | None] = [None] * len(self.choices)
+        self._wants_top = [p.top_logprobs > 0 for p in self._params for _ in range(p.n)]
+        self._streamed = [[] for _ in self.choices]  # per choice: each pushed token's (log-prob, top candidates)
         self._sink: asyncio.Queue = asyncio.Queue()
         self._running: set[str] = set()
         self._closed = False
@@ -119,37 +131,56 @@ class Generation:
             pass
         if any(f is None for f in self.finish):
             raise ApiError(499, "the client closed the connection")
-        return [Choice(i, c.text, c.token_ids, self.finish[i], self.logprobs[i]) for i, c in enumerate(self.choices)]
+        return [Choice(i, c.text, c.token_ids, self.finish[i], self.logprobs[i], self.top[i])
+                for i, c in enumerate(self.choices)]
 
     def _push(self, rid: str, tokens) -> list[Delta]:
         out = []
         for t in tokens:
             i = self._base[rid] + t.index
-            choice = self.choices[i]
-            if choice.stopped:
+            if self.choices[i].stopped:
                 continue
-            text = choice.push(t.token_id)
-            if choice.stopped:
-                self.finish[i] = "stop"
-            if text or choice.stopped:
-                out.append(Delta(i, text, self.finish[i]))
+            d = self._grow(i, t.token_id, t.logprob, t.top_logprobs)
+            if d is not None:
+                out.append(d)
         base = self._base[rid]
         if rid in self._running and all(c.stopped for c in self.choices[base:base + self._n[rid]]):
             self._loop.abort(rid)  # every choice hit a stop string: free the blocks now
             self._running.discard(rid)
         return out
 
+    def _grow(self, i: int, token_id: int, logprob: float | None, top) -> Delta | None:
+        """Choice ``i`` takes a token: the delta to stream, if any (text, a stop, or tokens with log-probs)."""
+        choice = self.choices[i]
+        text = choice.push(token_id)
+        self._streamed[i].append((logprob, top))
+        if choice.stopped:
+            self.finish[i] = "stop"
+        d = self._delta(i, text)
+        return d if text or choice.stopped or d.token_ids else None
+
+    def _delta(self, i: int, text: str) -> Delta:
+        """A delta of choice ``i``'s ``text`` carrying the tokens it released (when log-probs are asked for)."""
+        choice, released = self.choices[i], self.choices[i].release()
+        if not self._wants[i]:
+            return Delta(i, text, self.finish[i])
+        streamed = [self._streamed[i][k] for k in released]
+        return Delta(i, text, self.finish[i], released.start, [choice.token_ids[k] for k in released],
+                     [lp for lp, _ in streamed], [top for _, top in streamed] if self._wants_top[i] else None)
+
     def _close(self, rid: str, output) -> list[Delta]:
         out = []
         for o in output.outputs:
             i = self._base[rid] + o.index
             choice = self.choices[i]
-            lps = o.logprobs
+            lps, tops = o.logprobs, o.top_logprobs
             if self.finish[i] is None:  # ended in the engine (EOS, a stop token, max_tokens, an abort)
-                for t in o.token_ids[len(choice.token_ids):]:  # tokens not streamed yet (none normally)
-                    choice.push(t)
+                for k in range(len(choice.token_ids), len(o.token_ids)):  # tokens not streamed yet (none normally)
+                    choice.push(o.token_ids[k])
+                    self._streamed[i].append((None if lps is None else lps[k], None if tops is None else tops[k]))
                 text = choice.close()
                 self.finish[i] = "stop" if choice.stopped else o.finish_reason
-                out.append(Delta(i, text, self.finish[i]))
+                out.append(self._delta(i, text))
             self.logprobs[i] = None if lps is None else list(lps[:len(choice.token_ids)])
+            self.top[i] = None if tops is None else list(tops[:len(choice.token_ids)])
         return out

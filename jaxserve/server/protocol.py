@@ -12,7 +12,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jaxserve.sampling_params import SamplingParams
+from jaxserve.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
 Prompt = Union[str, list[str], list[int], list[list[int]]]
 
@@ -68,13 +68,14 @@ class _Sampling(BaseModel):
             if getattr(self, name) != 0:
                 raise ApiError(400, f"{name} is not supported by jaxserve (got {getattr(self, name)}); use 0", name)
 
-    def sampling_params(self, max_tokens: int, logprobs: bool) -> SamplingParams:
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's parameters; a value SamplingParams rejects is a 400 naming its field."""
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
                                   top_k=0 if self.top_k == -1 else self.top_k, top_p=self.top_p, seed=self.seed,
                                   n=self.n, stop_token_ids=tuple(self.stop_token_ids or ()),
-                                  ignore_eos=self.ignore_eos, logprobs=logprobs)
+                                  ignore_eos=self.ignore_eos, logprobs=self.wants_logprobs,
+                                  top_logprobs=self.num_top_logprobs)
         except (TypeError, ValueError) as e:
             raise ApiError(400, str(e), _field_of(str(e))) from None
 
@@ -86,7 +87,7 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: int | None = 16
-    logprobs: int | None = None  # OpenAI: the number of top alternatives; only 0 (the chosen token) here
+    logprobs: int | None = None  # OpenAI: the chosen token's log-prob and this many top alternatives
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -99,13 +100,17 @@ class CompletionRequest(_Sampling):
             raise ApiError(400, "suffix is not supported by jaxserve", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, f"best_of={self.best_of} is not supported: only best_of == n", "best_of")
-        if self.logprobs is not None and self.logprobs != 0:
-            raise ApiError(400, f"logprobs={self.logprobs}: only 0 is supported (the chosen token's log-probability; "
-                                "top alternatives are not computed)", "logprobs")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (top alternatives per token), "
+                                f"got {self.logprobs}", "logprobs")
 
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
+
+    @property
+    def num_top_logprobs(self) -> int:
+        return self.logprobs or 0
 
 
 class ChatMessage(BaseModel):
@@ -123,13 +128,16 @@ class ChatCompletionRequest(_Sampling):
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
-        if self.top_logprobs:
-            raise ApiError(400, f"top_logprobs={self.top_logprobs}: only 0 is supported (top alternatives are "
-                                "not computed)", "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, f"top_logprobs={self.top_logprobs} needs logprobs=true", "top_logprobs")
 
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs
+
+    @property
+    def num_top_logprobs(self) -> int:
+        return self.top_logprobs or 0
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -18,8 +18,10 @@ import pytest
 from experiments import harness
 
 ROOT = harness.ROOT
-NAMES = sorted(os.path.basename(os.path.dirname(p))
-               for p in glob.glob(os.path.join(ROOT, "experiments", "*", "__main__.py")))
+# experiments/<name>/__main__.py, and variants beside them: experiments/<name>/<variant>/__main__.py
+NAMES = sorted(os.path.relpath(os.path.dirname(p), os.path.join(ROOT, "experiments")).replace(os.sep, ".")
+               for p in glob.glob(os.path.join(ROOT, "experiments", "*", "__main__.py"))
+               + glob.glob(os.path.join(ROOT, "experiments", "*", "*", "__main__.py")))
 META_KEYS = {"experiment", "command", "preset", "date", "machine", "load_average", "python", "jax_version",
              "jaxlib_version", "backend", "devices", "git_commit", "complete", "seconds"}
 
@@ -82,6 +84,19 @@ def check_vllm_paged(res):
     assert all(r["same_schedule_as_null_runner"] for r in res["tables"]["model"])
 
 
+def check_vllm_paged_live_server(res):
+    cfg = res["config"]
+    for r in res["tables"]["points"]:
+        assert r["completed"] == cfg["num_requests"] and r["failed"] == 0
+        for m in ("ttft", "tpot", "e2el", "norm_latency"):
+            assert 0 < r[f"p50_{m}_ms"] <= r[f"p99_{m}_ms"]
+        assert r["mean_ttft_ms"] < r["mean_e2el_ms"]
+        # a request's normalized latency is its end-to-end latency over at least 4 output tokens
+        assert r["mean_norm_latency_ms"] <= r["mean_e2el_ms"] / 4 + 1e-6
+    assert [r["policy"] for r in res["tables"]["sustained"]] == cfg["policies"]
+    assert set(res["targets_s_per_token"]) == {"mean", "p99"}
+
+
 def check_spec_decoding(res):
     cfg = res["config"]
     for r in _rows(res, ""):
@@ -97,7 +112,7 @@ def check_spec_decoding(res):
 
 CHECKS = {"fp4_quant_error": check_fp4_quant_error, "fp4_perplexity": check_fp4_perplexity,
           "moe_balance": check_moe_balance, "moe_ep": check_moe_ep, "vllm_paged": check_vllm_paged,
-          "spec_decoding": check_spec_decoding}
+          "spec_decoding": check_spec_decoding, "vllm_paged.live_server": check_vllm_paged_live_server}
 
 
 def test_every_experiment_is_discovered():

@@ -24,6 +24,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}# {{ m.role }}: {{ m.content }}{{ eos_t
                  "{% if add_generation_prompt %}# assistant:{% endif %}")
 CONVERSATION = [{"role": "user", "content": "def add(a, b):"}]
 SAMPLED = dict(n=2, seed=7, temperature=0.8, top_k=20, top_p=0.9)
+TOP = 3  # top alternatives asked for with log-probs
 
 
 @dataclasses.dataclass
@@ -33,8 +34,9 @@ class Served:
     loop: object  # the app's EngineLoop
     greedy: dict  # prompt -> RequestOutput of LLM.generate (greedy, MAX_TOKENS)
     sampled: object  # RequestOutput of PROMPTS[0] with SAMPLED
-    logprobs: object  # RequestOutput of PROMPTS[1], greedy, logprobs=True
+    logprobs: object  # RequestOutput of PROMPTS[1], greedy, logprobs=True, top_logprobs=TOP
     chat: object  # RequestOutput of LLM.chat(CONVERSATION), greedy
+    chat_logprobs: object  # the same with logprobs=True, top_logprobs=TOP
 
     @property
     def v1(self) -> str:
@@ -72,9 +74,10 @@ def served():
     greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     refs = dict(zip(PROMPTS, llm.generate(PROMPTS, greedy, use_tqdm=False)))
     sampled = llm.generate(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, **SAMPLED), use_tqdm=False)[0]
-    logprobs = llm.generate(PROMPTS[1], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=True),
-                            use_tqdm=False)[0]
+    with_logprobs = dataclasses.replace(greedy, logprobs=True, top_logprobs=TOP)
+    logprobs = llm.generate(PROMPTS[1], with_logprobs, use_tqdm=False)[0]
     chat = llm.chat(CONVERSATION, greedy, use_tqdm=False)[0]
+    chat_logprobs = llm.chat(CONVERSATION, with_logprobs, use_tqdm=False)[0]
     app = build_app(llm, MODEL, api_key=API_KEY)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -87,7 +90,7 @@ def served():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     port = sock.getsockname()[1]
-    yield Served(f"http://127.0.0.1:{port}", llm, app.state.server.loop, refs, sampled, logprobs, chat)
+    yield Served(f"http://127.0.0.1:{port}", llm, app.state.server.loop, refs, sampled, logprobs, chat, chat_logprobs)
     server.should_exit = True
     thread.join(10)
     sock.close()

@@ -27,3 +27,19 @@ def test_stop_strings(tok, stop, expected):
     assert shown == c.text == expected
     assert c.stopped == (expected != TEXT)
     assert len(ids) > 3 and (not c.stopped or len(c.token_ids) < len(ids))  # tokens after the stop are ignored
+
+
+@pytest.mark.parametrize("stop", [["rn b"], ["\n"], []])
+def test_release_hands_out_each_token_once_never_ahead_of_its_text(tok, stop):
+    ids = tok.encode(TEXT)
+    c = ChoiceText(tok, stop)
+    released, shown = [], ""
+    for t in ids:
+        shown += c.push(t)
+        released += list(c.release())
+        if not c.stopped:  # the released tokens' own text is all shown
+            assert shown.startswith(tok.decode(c.token_ids[:len(released)]))
+    c.close()
+    released += list(c.release())
+    assert released == list(range(len(c.token_ids)))
+    assert list(c.release()) == []

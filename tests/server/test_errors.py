@@ -29,15 +29,17 @@ CASES = [  # (endpoint, body, status, param, words in the message)
     ("completions", {**OK, "prompt": [1, 2, 99999]}, 400, "prompt", "99999"),
     ("completions", {**OK, "stop_token_ids": [-3]}, 400, "stop_token_ids", "SamplingParams.stop_token_ids"),
     ("completions", {**OK, "stop": ["ok", ""]}, 400, "stop", "must not be empty"),
-    ("completions", {**OK, "logprobs": 3}, 400, "logprobs", "only 0 is supported"),
-    ("completions", {**OK, "logprobs": 0, "stream": True}, 400, "logprobs", "stream=true"),
+    ("completions", {**OK, "logprobs": 17}, 400, "logprobs", "logprobs must be between 0 and 16"),
+    ("completions", {**OK, "logprobs": -1}, 400, "logprobs", "got -1"),
     ("completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ("completions", {**OK, "echo": True}, 400, "echo", "not supported"),
     ("completions", {**OK, "model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
     ("chat/completions", {**CHAT, "messages": []}, 400, "messages", "at least one message"),
     ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": LONG}]}, 400, "messages",
      "maximum context length"),
-    ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "only 0"),
+    ("chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "needs logprobs=true"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 17}, 400, "top_logprobs",
+     "SamplingParams.top_logprobs must be"),
 ]
 
 

@@ -1,0 +1,3 @@
+from experiments.harness import main
+
+main("vllm_paged.live_server")
