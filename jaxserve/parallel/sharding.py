@@ -6,9 +6,12 @@ axes (one name, a tuple of names, or None); by default a logical axis is the mes
 name. Axes the mesh lacks become None (replicated), so one rule set serves a pure data-parallel
 mesh, an expert-parallel one and a tensor-parallel one.
 
-Defaults: MoE expert weights ``[E, ...]`` split over ``"expert"``; Megatron-style ``"tensor"``
-splits of the dense layers (column-parallel q/k/v/gate/up and the q/k/v biases, row-parallel
-o/down); everything else (norms, embeddings, routers, the lm head, other biases) replicated.
+Defaults: MoE expert weights ``[E, ...]`` split over ``"expert"`` and each expert's intermediate
+dimension I over ``"expert_tensor"`` (vLLM's tensor-parallel experts: gate/up ``[E, H, I]`` column-split,
+down ``[E, I, H]`` row-split; a layout maps it to the tensor axis when the experts are not expert-
+parallel); Megatron-style ``"tensor"`` splits of the dense layers (column-parallel q/k/v/gate/up and the
+q/k/v biases, row-parallel o/down); everything else (norms, embeddings, routers, the lm head, other
+biases) replicated.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ Rule = tuple[str, tuple[str | None, ...]]
 AxisMap = Mapping[str, str | tuple[str, ...] | None]
 
 DEFAULT_RULES: tuple[Rule, ...] = (
-    (r".*/mlp/(gate_proj|up_proj|down_proj)$", ("expert", None, None)),  # stacked experts [E, ., .]
+    (r".*/mlp/(gate_proj|up_proj)$", ("expert", None, "expert_tensor")),  # stacked experts [E, H, I]
+    (r".*/mlp/down_proj$", ("expert", "expert_tensor", None)),  # [E, I, H]
     (r".*/(q_proj|k_proj|v_proj|gate_proj|up_proj)/kernel$", (None, "tensor")),
     (r".*/(q_proj|k_proj|v_proj)/bias$", ("tensor",)),
     (r".*/(o_proj|down_proj)/kernel$", ("tensor", None)),

@@ -95,6 +95,25 @@ def check_hlo():
         print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
 
 
+def check_moe_tensor_parallel():
+    """MoE under TP without EP: each expert split on its intermediate dim (gate/up column-, down row-parallel);
+    one all-reduce of [B, E] per layer after o_proj and one after the experts, no other collective (no expert
+    weight gathered)."""
+    r = make("mixtral", t=4).engine.runner
+    mlp = r.params["layers_1"]["mlp"]
+    assert spec(mlp["gate_proj"]) == spec(mlp["up_proj"]) == (None, None, "tensor") and spec(mlp["router"]) == ()
+    assert spec(mlp["down_proj"]) == (None, "tensor"), spec(mlp["down_proj"])
+    assert {s.data.shape for s in mlp["down_proj"].addressable_shards} == {(8, 64 // 4, 32)}
+    for name in ("qwen3_moe", "mixtral"):
+        c = MODELS[name]
+        for t in (2, 4):
+            b, text, coll = decode_collectives(make(name, t=t))
+            assert set(coll) == {"all-reduce"}, coll
+            assert coll["all-reduce"].count == 2 * c.num_layers, coll
+            assert coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
+            print(f"hlo {name} T={t} experts split on I, decode B={b}: {coll}", flush=True)
+
+
 def check_preemption_and_prefix_cache():
     """Under TP a pool too small preempts, a shared prefix hits the cache, and n=2 samples fork their blocks
     (copy-on-write on the sharded pool); outputs stay the same."""
@@ -125,8 +144,10 @@ def main(grid: bool):
         check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
     else:
         check_grid(["llama"], [(1, False, 1), (2, False, 1)])
-        check_grid(["qwen3_moe"], [(1, False, 1), (2, True, 2)])
+        check_grid(["qwen3_moe"], [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 2)])
+        check_grid(["mixtral"], [(1, False, 1), (2, False, 1), (4, False, 1)])
         check_shardings()
+        check_moe_tensor_parallel()
         check_hlo()
         check_preemption_and_prefix_cache()
         check_pallas()

@@ -29,8 +29,9 @@ def run_check(*args, timeout=600):
 
 
 def test_mesh_layouts_on_8_devices():
-    """TP 2 and EP over data x tensor equal one device (greedy and seeded); shardings; HLO collectives;
-    preemption and prefix caching under TP; the Pallas kernels per shard."""
+    """TP 2 and EP over data x tensor equal one device (greedy and seeded); Qwen3-MoE and Mixtral with experts
+    split on I at T=2 and T=4; shardings; HLO collectives; preemption and prefix caching under TP; the Pallas
+    kernels per shard."""
     run_check()
 
 
@@ -87,6 +88,12 @@ def test_experts_must_divide_over_the_devices():
     with pytest.raises(ValueError, match=r"splits num_experts=6 over tensor_parallel_size x data_parallel_size = 4"):
         LLM.from_params(config, init_params(config, jax.random.key(0)), tensor_parallel_size=2, data_parallel_size=2,
                         enable_expert_parallel=True)
+
+
+def test_expert_width_must_divide_over_the_tensor_axis():
+    config = CONFIG.replace(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4 must divide the experts' intermediate size 6"):
+        LLM.from_params(config, init_params(config, jax.random.key(0)), tensor_parallel_size=4)
 
 
 def test_types_are_checked():
