@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--out", default=None, help="write the rows to this results.json")
     args = ap.parse_args(argv)
-    models = configs(args.hidden, args.layers)
+    models, run = configs(args.hidden, args.layers), meta(argv)  # the commit of the code that runs, not of the end
     rows = []
     print("| model | T | EP | D | B | collective: count, bytes per device (HLO) | predicted bytes |")
     print("|---|---|---|---|---|---|---|")
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
                                                            "expert_intermediate_size")} for n, c in models.items()}}
         path = pathlib.Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"meta": meta(argv), "config": config, "tables": {"layouts": rows}}, indent=1) + "\n")
+        path.write_text(json.dumps({"meta": run, "config": config, "tables": {"layouts": rows}}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
