@@ -55,11 +55,6 @@ class LLMEngine:
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
-        on_mesh = (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != (1, 1, False)
-        if on_mesh and speculative is not None:
-            raise ValueError(f"speculative decoding runs on one device; got tensor_parallel_size="
-                             f"{ec.tensor_parallel_size}, data_parallel_size={ec.data_parallel_size}, "
-                             f"enable_expert_parallel={ec.enable_expert_parallel}")
         layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
         run_config = config
         if layout is not None:  # KV heads repeated up to T before quantizing; every split checked on shapes only

@@ -70,6 +70,10 @@ class Layout:
         specs = self.param_specs(params)
         return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), self.sharding(s)), params, specs)
 
+    def place_replicated(self, tree):
+        """Host arrays -> whole on every device of the mesh (None stays None)."""
+        return jax.tree.map(lambda x: jax.device_put(np.asarray(x), self.sharding(P())), tree)
+
     def replicate(self, tree):
         """Inside a jitted step: every array of ``tree`` whole on every device (what goes back to the host)."""
         return jax.lax.with_sharding_constraint(tree, self.sharding(P()))
@@ -93,9 +97,10 @@ class Layout:
         """Inside a jitted step: keep the (donated) pool sharded as it came in."""
         return jax.lax.with_sharding_constraint(pool, jax.tree.map(self.sharding, self.pool_specs(pool)))
 
-    def new_pool(self, build) -> KVPool:
-        """``build()`` (a zeroed pool) created directly sharded, never whole on one device."""
-        specs = self.pool_specs(jax.eval_shape(build))
+    def new_pool(self, build, sharded: bool = True) -> KVPool:
+        """``build()`` (a zeroed pool) created directly on the mesh: sharded by KV head (never whole on one
+        device), or replicated (``sharded=False``: a draft model's pool)."""
+        specs = self.pool_specs(jax.eval_shape(build)) if sharded else P()
         return jax.jit(build, out_shardings=jax.tree.map(self.sharding, specs))()
 
     # ---- the model ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxserve import SamplingParams  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
-from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, tokens  # noqa: E402
+from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, tokens  # noqa: E402
 
 GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
 
@@ -115,13 +115,13 @@ def check_moe_tensor_parallel(llms: dict):
         print(f"hlo {name} T={t} experts split on I, decode B={b}: {coll}", flush=True)
 
 
-def check_quantized():
+def check_quantized(cases):
     """Quantized once on the host, then split: T=2 gives the one-device quantized model's tokens (greedy and
     seeded) and log-probs within float rounding (the row-parallel sums add in another order); codes and block
     scales split as their float kernel, tensor scales whole; the same all-reduces as in float; a K split inside a
-    scale block is an error naming the layer."""
+    scale block is an error naming the layer. ``cases``: (model, format) pairs."""
     logged = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
-    for name, fmt in (("llama", "nvfp4"), ("llama", "fp8"), ("llama_d16", "mxfp4")):
+    for name, fmt in cases:
         one, two = make(name, quantization=fmt), make(name, t=2, quantization=fmt)
         want, got = one.generate(PROMPTS, logged, use_tqdm=False), two.generate(PROMPTS, logged, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want], fmt
@@ -142,6 +142,20 @@ def check_quantized():
         assert str(e).startswith("quantization='mxfp4' with tensor_parallel_size=2: layers_0/attn/o_proj/kernel: its "
                                  "mxfp4 kernel splits K=32 over mesh axis 'tensor' of size 2 (16 per device)"), e
     print("quantized: an MXFP4 split inside a block is refused by name", flush=True)
+
+
+def check_speculative(methods, seeded: bool):
+    """Speculative decoding with the target split over T=2 (the proposer and a draft's pool replicated): greedy
+    outputs equal the plain one-device ones, seeded ones (``seeded``) the one-device speculative engine's."""
+    plain = tokens(make("llama"), GREEDY)
+    for method in methods:
+        two = make_spec(method, t=2)
+        assert tokens(two, GREEDY) == plain, method
+        assert not seeded or tokens(two, SEEDED) == tokens(make_spec(method), SEEDED), method
+        r = two.engine.runner
+        assert spec(r.pool.layers[0].v) == (None, None, "tensor"), method
+        assert r.draft_pool is None or spec(r.draft_pool.layers[0].k) == (), method
+        print(f"speculative {method} T=2: greedy outputs equal{', seeded too' if seeded else ''}", flush=True)
 
 
 def check_preemption_and_prefix_cache():
@@ -172,6 +186,8 @@ def check_pallas():
 def main(grid: bool):
     if grid:
         check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
+        check_quantized([("llama", "fp8"), ("llama_d16", "mxfp4")])
+        check_speculative(["ngram", "suffix", "medusa"], seeded=True)
         for name in ("qwen3_moe", "mixtral"):  # quantized attention beside float experts, split on I or over devices
             want = tokens(make(name, quantization="nvfp4"), GREEDY)
             for t, ep, d in ((2, False, 1), (2, True, 2)):
@@ -183,7 +199,8 @@ def main(grid: bool):
         llms |= check_grid(["mixtral"], [(1, False, 1), (4, False, 1)])  # T=2 in the --grid run
         check_shardings()
         check_moe_tensor_parallel(llms)
-        check_quantized()
+        check_quantized([("llama", "nvfp4")])  # fp8 and mxfp4 in the --grid run
+        check_speculative(["draft_model"], seeded=True)  # n-gram, suffix and Medusa in the --grid run
         check_hlo()
         check_preemption_and_prefix_cache()
         check_pallas()

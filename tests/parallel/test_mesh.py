@@ -9,7 +9,7 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from jaxserve import LLM, SpeculativeConfig
+from jaxserve import LLM
 from jaxserve.cli import main as cli_main
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.models import init_params
@@ -34,7 +34,7 @@ def run_check(*args, timeout=600):
 def test_mesh_layouts_on_8_devices():
     """TP 2 and EP over data x tensor equal one device (greedy and seeded); Qwen3-MoE and Mixtral with experts
     split on I at T=2 and T=4; shardings; HLO collectives; preemption and prefix caching under TP; the Pallas
-    kernels per shard."""
+    kernels per shard; NVFP4 weights and a draft model's speculative decoding at T=2."""
     run_check()
 
 
@@ -58,7 +58,8 @@ def test_two_processes_serve_one_model():
 
 @pytest.mark.slow
 def test_mesh_grid_on_8_devices():
-    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2)."""
+    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2);
+    FP8 and MXFP4 weights, n-gram, suffix and Medusa speculative decoding at T=2; NVFP4 MoE models at T=2 and EP."""
     run_check("--grid", timeout=1800)
 
 
@@ -123,11 +124,6 @@ def test_types_are_checked():
         EngineConfig(enable_expert_parallel=1)
     with pytest.raises(TypeError, match="EngineConfig.tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=2.0)
-
-
-def test_speculative_on_a_mesh_is_refused():
-    with pytest.raises(ValueError, match="speculative decoding runs on one device; got tensor_parallel_size=2"):
-        llm(tensor_parallel_size=2, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=2))
 
 
 def test_cli_flags_reach_the_engine(capsys):
