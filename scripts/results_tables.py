@@ -272,6 +272,16 @@ def moe_ep():
             "layer ms"], rows
 
 
+def mesh_collectives():
+    def bytes_of(ops: dict) -> str:
+        return ", ".join(f"{op} {v['bytes'] if isinstance(v, dict) else v:,}" for op, v in ops.items())
+    rows = [[r["model"], r["T"], "on" if r["EP"] else "off", r["D"], r["batch"], bytes_of(r["collectives"]),
+             bytes_of(r["predicted"]), f"{r['measured_bytes']:,}", f"{r['predicted_bytes']:,}"]
+            for r in table("layouts", "results/mesh_collectives/results.json")]
+    return ["model", "T", "EP", "D", "B", "bytes per device by collective (HLO)", "predicted", "total (HLO)",
+            "total predicted"], rows
+
+
 def vllm_paged():
     rel = "results/vllm_paged/results.json"
     rows = [[f"KV memory holding token states, {r['policy']}", pct(r["paper_token_states"]), pct(r["token_states"])]
@@ -445,6 +455,12 @@ CLAIMS = (
           "The paper's rate u = 1e-3 needs far more than 300 steps; the perplexity differences are within one seed's noise."),
     Claim("Expert-parallel all_to_all on 8 simulated CPU devices", ("results/moe_ep/results.json",), moe_ep,
           "The padded `all_to_all` XLA:CPU can run (the ragged one is GPU/TPU only); the devices are threads of one process."),
+    Claim("Bytes moved by collectives per decode step, per mesh layout (8 simulated CPU devices)",
+          ("results/mesh_collectives/results.json",), mesh_collectives,
+          "Read from the compiled decode program's HLO (each collective's result bytes, per device) for random "
+          "models, hidden 256, 4 layers, 8 heads, 4 KV heads, 8 experts top-2. EP off: every expert split on its "
+          "intermediate dim over T, one all-reduce after the experts as after a dense MLP. The expert-parallel "
+          "rows' bytes over the prediction are GSPMD's gather of the router probabilities [B, 8], not predicted."),
     Claim("vLLM's PagedAttention vs Orca's reservations, in engine steps", ("results/vllm_paged/results.json",), vllm_paged,
           "The paper's memory (15.7K KV slots), max_model_len 2048; synthetic ShareGPT-like and Alpaca-like lengths. "
           "Time is engine steps (the device replaced by `NullRunner`; the real forward pass gives the same schedule), "

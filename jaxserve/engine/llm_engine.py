@@ -27,7 +27,7 @@ from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
 from jaxserve.engine.speculative_stats import SpeculativeStats
 from jaxserve.parallel.layout import make_layout
-from jaxserve.quant import MatmulSettings, quantize_params
+from jaxserve.quant import MatmulSettings, quantize_params, quantized_shapes
 from jaxserve.sampling_params import SamplingParams
 from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.validation import check_token_ids
@@ -56,14 +56,16 @@ class LLMEngine:
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
-        on_mesh = (ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel) != (1, 1, False)
-        for what, used in (("speculative decoding", speculative is not None),
-                           (f"quantization={ec.quantization!r}", ec.quantization is not None)):
-            if on_mesh and used:
-                raise ValueError(f"{what} runs on one device; got tensor_parallel_size={ec.tensor_parallel_size}, "
-                                 f"data_parallel_size={ec.data_parallel_size}, "
-                                 f"enable_expert_parallel={ec.enable_expert_parallel}")
         layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
+        run_config = config
+        if layout is not None:  # KV heads repeated up to T before quantizing; every split checked on shapes only
+            run_config, params = layout.prepare(config, params)
+            if ec.quantization is not None:
+                try:
+                    layout.param_specs(quantized_shapes(params, ec.quantization))
+                except ValueError as e:
+                    raise ValueError(f"quantization={ec.quantization!r} with tensor_parallel_size="
+                                     f"{ec.tensor_parallel_size}: {e}") from None
         enable_compilation_cache()  # a real model's step programs compile once per machine, not per process
         if ec.max_model_len is not None and ec.max_model_len > config.max_position_embeddings:
             raise ValueError(f"EngineConfig.max_model_len={ec.max_model_len} exceeds the model's "
@@ -96,7 +98,7 @@ class LLMEngine:
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)
             quant = MatmulSettings(impl=ec.quant_impl)
-        self.runner = ModelRunner(config, params, num_blocks=num_blocks, block_size=ec.block_size,
+        self.runner = ModelRunner(run_config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
                                   router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills,

@@ -61,8 +61,6 @@ class ModelRunner:
                  proposer: Proposer | None = None, layout: Layout | None = None):
         if (speculative is None) != (proposer is None):
             raise ValueError("speculative and proposer come together (both None for a plain runner)")
-        if layout is not None and speculative is not None:
-            raise ValueError("a speculative runner runs on one device (layout must be None)")
         # a mesh: config and params as the layout runs them (KV heads replicated up to T), placed by the rule table
         self.layout = layout
         if layout is not None:
@@ -87,9 +85,12 @@ class ModelRunner:
         self.pool = build_pool() if layout is None else layout.new_pool(build_pool)
         self.proposer, self.draft_pool = None, None
         if proposer is not None:
-            self.proposer = dataclasses.replace(proposer, params=to_device(proposer.params))
+            # on a mesh the proposer (draft model, Medusa heads) and its pool are replicated: it is small
+            place = to_device if layout is None else layout.place_replicated
+            self.proposer = dataclasses.replace(proposer, params=place(proposer.params), head=place(proposer.head))
             if proposer.method == "draft_model":
-                self.draft_pool = new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)
+                build_draft = lambda: new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)  # noqa: E731
+                self.draft_pool = build_draft() if layout is None else layout.new_pool(build_draft, sharded=False)
         # Medusa: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
         self._hidden: dict[int, tuple[object, np.ndarray]] = {}
         # suffix decoding: the host trees, and the live sequences whose outputs join the global tree at the end
@@ -279,7 +280,7 @@ class ModelRunner:
 
     def _speculative_static(self) -> dict:
         return dict(target_config=self.config, proposer_config=self.proposer.config, method=self.proposer.method,
-                    attention_impl=self.attention_impl, quant=self.quant)
+                    attention_impl=self.attention_impl, quant=self.quant, layout=self.layout)
 
     def _sampling(self, rows, num_seqs: int) -> tuple[SamplingBatch, np.ndarray]:
         cols = sampling_columns(rows, self.buckets.rows(len(rows), num_seqs))

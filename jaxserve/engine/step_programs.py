@@ -57,39 +57,40 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     return (results if layout is None else layout.replicate(results)), kv_pool
 
 
-SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant")
+SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant", "layout")
 
 
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC, donate_argnames=("target_pool", "draft_pool"))
 def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, tokens, positions,
               meta, last, sample_entry, sbatch, *, target_config, proposer_config, method: str,
-              attention_impl: str, quant=None):
+              attention_impl: str, quant=None, layout=None):
     """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens, so the draft's
     pool covers what the target's does; samples rows and returns their tokens' log-probabilities under
-    the raw logits. Float proposer weights are untouched by ``quant``."""
+    the raw logits. Float proposer weights are untouched by ``quant``. ``layout``: the target's mesh, as
+    in ``plain_step``; the proposer runs replicated on it."""
     TRACES[0] += 1
     with matmul_context(quant):
         if method == "medusa":
             logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
                                                               target_pool, meta, attention_impl=attention_impl,
-                                                              logits_indices=last)
+                                                              logits_indices=last, layout=layout)
         else:
             logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
-                                          attention_impl=attention_impl, logits_indices=last)
+                                          attention_impl=attention_impl, logits_indices=last, layout=layout)
             hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
         if method == "draft_model":
             _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
                                     attention_impl=attention_impl, logits_indices=last)
         logits = logits[sample_entry]
         toks = sample_tokens(logits, sbatch)
-        return toks, token_logprobs(logits, toks), hidden[sample_entry], target_pool, draft_pool
+        return _on_mesh(layout, (toks, token_logprobs(logits, toks), hidden[sample_entry]), target_pool, draft_pool)
 
 
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
                    donate_argnames=("target_pool", "draft_pool"))
 def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, inputs: RoundInputs,
                extra, *, target_config, proposer_config, method: str, attention_impl: str, gamma: int,
-               max_ngram: int, min_ngram: int, quant=None):
+               max_ngram: int, min_ngram: int, quant=None, layout=None):
     """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1], Medusa's
     next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the n-gram history i32[B, H], the
     Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), or suffix decoding's
@@ -98,19 +99,29 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
     with matmul_context(quant):
         if method == "draft_model":
             r = spec_round(target_params, proposer_params, target_pool, draft_pool, inputs, target_config=target_config,
-                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl, draft_head=extra)
+                           draft_config=proposer_config, gamma=gamma, attention_impl=attention_impl, draft_head=extra,
+                           layout=layout)
             draft_pool = r.draft_pool
         elif method == "ngram":
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
-                            max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl)
+                            max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl, layout=layout)
         elif method == "suffix":
             r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config,
-                             attention_impl=attention_impl)
+                             attention_impl=attention_impl, layout=layout)
         else:
             r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
-                             heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl)
+                             heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl, layout=layout)
         hidden = r.hidden if r.hidden is not None else jnp.zeros((), jnp.float32)
-        return r.tokens, r.num_accepted, r.logprobs, hidden, r.target_pool, draft_pool
+        return _on_mesh(layout, (r.tokens, r.num_accepted, r.logprobs, hidden), r.target_pool, draft_pool)
+
+
+def _on_mesh(layout, results: tuple, target_pool: KVPool, draft_pool: KVPool | None) -> tuple:
+    """(*results, target_pool, draft_pool); on a mesh the results replicated, the target pool sharded as it came
+    in and the draft's pool replicated."""
+    if layout is None:
+        return *results, target_pool, draft_pool
+    return (*layout.replicate(results), layout.constrain_pool(target_pool),
+            None if draft_pool is None else layout.replicate(draft_pool))
 
 
 @functools.partial(jax.jit, donate_argnames=("pool",))

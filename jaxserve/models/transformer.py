@@ -32,7 +32,8 @@ from jaxserve.models.attention_backends import attention_backend
 from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
-from jaxserve.parallel.layout import Layout
+from jaxserve.moe.tensor_parallel import tensor_parallel_routed
+from jaxserve.parallel.layout import TENSOR, Layout
 
 _INIT = nn.initializers.normal(0.02)
 
@@ -103,9 +104,11 @@ class DecoderLayer(nn.Module):
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
-            routed = None
-            if self.layout is not None and self.layout.expert_parallel:
-                routed = partial(expert_parallel_routed, mesh=self.layout.mesh, axes=self.layout.expert_axes)
+            routed, lo = None, self.layout
+            if lo is not None and lo.expert_parallel:  # experts split over devices, all_to_all dispatch
+                routed = partial(expert_parallel_routed, mesh=lo.mesh, axes=lo.expert_axes)
+            elif lo is not None and lo.tensor_size > 1:  # every expert split on its intermediate dim
+                routed = partial(tensor_parallel_routed, mesh=lo.mesh, axis=TENSOR)
             return lambda h: MoEBlock(c, routed, name="mlp")(h)[0]
         return SwiGLU(c.hidden_size, c.intermediate_size, dt, c.matmul_dtype, c.hidden_act, name="mlp")
 

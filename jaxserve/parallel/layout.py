@@ -13,7 +13,9 @@ Axis names: P pages, S page size, K kv heads, D head dim, E hidden size, H heads
   splits the step's tokens over all D x T devices for the dispatch.
 - expert parallelism (``enable_expert_parallel``): the experts of every MoE layer are split over
   ``("data", "tensor")``, all D x T devices, and dispatched / combined with ``all_to_all``
-  (``jaxserve.moe.parallel.expert_parallel_routed``). Without it, experts are replicated.
+  (``jaxserve.moe.parallel.expert_parallel_routed``). Without it, under T > 1 every expert is split on its
+  intermediate dimension over ``"tensor"`` (vLLM: gate/up column-, down row-parallel, one all-reduce per MoE
+  layer; ``jaxserve.moe.tensor_parallel``).
 
 The mesh spans every visible device (all processes' under ``jax.distributed``), its first D x T.
 """
@@ -54,7 +56,8 @@ class Layout:
     @property
     def axis_map(self) -> dict:
         """Logical axes of the rule table -> mesh axes."""
-        return {"tensor": TENSOR, "expert": self.expert_axes if self.expert_parallel else None}
+        ep = self.expert_parallel
+        return {"tensor": TENSOR, "expert": self.expert_axes if ep else None, "expert_tensor": None if ep else TENSOR}
 
     def sharding(self, spec: P) -> NamedSharding:
         return NamedSharding(self.mesh, spec)
@@ -66,6 +69,10 @@ class Layout:
         """Host params -> arrays on the mesh (from numpy, so every process places its own shards)."""
         specs = self.param_specs(params)
         return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), self.sharding(s)), params, specs)
+
+    def place_replicated(self, tree):
+        """Host arrays -> whole on every device of the mesh (None stays None)."""
+        return jax.tree.map(lambda x: jax.device_put(np.asarray(x), self.sharding(P())), tree)
 
     def replicate(self, tree):
         """Inside a jitted step: every array of ``tree`` whole on every device (what goes back to the host)."""
@@ -90,9 +97,10 @@ class Layout:
         """Inside a jitted step: keep the (donated) pool sharded as it came in."""
         return jax.lax.with_sharding_constraint(pool, jax.tree.map(self.sharding, self.pool_specs(pool)))
 
-    def new_pool(self, build) -> KVPool:
-        """``build()`` (a zeroed pool) created directly sharded, never whole on one device."""
-        specs = self.pool_specs(jax.eval_shape(build))
+    def new_pool(self, build, sharded: bool = True) -> KVPool:
+        """``build()`` (a zeroed pool) created directly on the mesh: sharded by KV head (never whole on one
+        device), or replicated (``sharded=False``: a draft model's pool)."""
+        specs = self.pool_specs(jax.eval_shape(build)) if sharded else P()
         return jax.jit(build, out_shardings=jax.tree.map(self.sharding, specs))()
 
     # ---- the model ---------------------------------------------------------------------------
@@ -147,6 +155,10 @@ def check_layout(config: ModelConfig, t: int, d: int, ep: bool) -> None:
     if ep and config.num_experts % (t * d):
         raise ValueError(f"enable_expert_parallel=True splits num_experts={config.num_experts} over "
                          f"tensor_parallel_size x data_parallel_size = {t * d} devices: not divisible")
+    i = config.expert_intermediate_size
+    if config.num_experts and not ep and i % t:
+        raise ValueError(f"tensor_parallel_size={t} must divide the experts' intermediate size {i} (each expert is "
+                         f"split over the devices), or set enable_expert_parallel=True")
     if d > 1 and not ep:
         raise ValueError(f"data_parallel_size={d} needs enable_expert_parallel=True (data-parallel attention "
                          f"beside expert-parallel MoE); for independent replicas run one LLM per device group")

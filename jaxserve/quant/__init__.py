@@ -56,6 +56,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "matmul_context": "jaxserve.quant.matmul",
     "quantization_report": "jaxserve.quant.params",
     "quantize_params": "jaxserve.quant.params",
+    "quantized_shapes": "jaxserve.quant.params",
     "quantized_apply": "jaxserve.quant.matmul",
     "quantized_matmul": "jaxserve.quant.matmul",
     "use_quantized_matmul": "jaxserve.quant.matmul",
@@ -66,4 +67,5 @@ if TYPE_CHECKING:
     from jaxserve.quant.matmul import (IMPLS, MatmulSettings, current_settings, kernel_for, matmul_context,
                                        quantized_apply, quantized_matmul, use_quantized_matmul)
     from jaxserve.quant.params import (DEFAULT_EXCLUDE, QuantizationReport, dequantize_params, is_quantized,
-                                       kernel_plan, quantization_report, quantize_params, weight_bytes)
+                                       kernel_plan, quantization_report, quantize_params, quantized_shapes,
+                                       weight_bytes)

@@ -97,6 +97,12 @@ def quantize_params(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, 
     return jax.tree_util.tree_map_with_path(one, params)
 
 
+def quantized_shapes(params, fmt: str, **kwargs):
+    """What ``quantize_params(params, fmt, **kwargs)`` returns, as shapes (``jax.ShapeDtypeStruct`` leaves,
+    QuantizedTensors with their static fields), computed without quantizing."""
+    return jax.eval_shape(lambda p: quantize_params(p, fmt, **kwargs), params)
+
+
 def is_quantized(leaf) -> bool:
     return isinstance(leaf, QuantizedTensor)
 

@@ -17,12 +17,14 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
+from jaxserve.parallel.layout import Layout
 from jaxserve.speculative.rejection import round_uniforms
 from jaxserve.speculative.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
 
 
 def suffix_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, drafts: jax.Array,
-                 num_drafts: jax.Array, *, target_config: ModelConfig, attention_impl: str = "auto") -> RoundOutputs:
+                 num_drafts: jax.Array, *, target_config: ModelConfig, attention_impl: str = "auto",
+                 layout: Layout | None = None) -> RoundOutputs:
     """``spec_round`` with given drafts i32[B, G] of per-row lengths num_drafts i32[B]; no draft pool."""
     s = inputs.sampling
     gamma = drafts.shape[1]
@@ -31,5 +33,5 @@ def suffix_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, 
     num_drafts = jnp.clip(num_drafts, 0, gamma).astype(jnp.int32)
     padded = jnp.arange(gamma)[None, :] >= num_drafts[:, None]
     x = jnp.where(padded, inputs.last_tokens[:, None], drafts).astype(jnp.int32)  # any valid id in the padding
-    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl, layout)
     return accept_and_advance(inputs, x, None, logits, u, target_pool, None, num_drafts)

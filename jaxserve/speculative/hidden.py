@@ -10,17 +10,19 @@ from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import Transformer
+from jaxserve.parallel.layout import Layout
 
 
 def forward_with_hidden(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
                         kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
-                        logits_indices: jax.Array | None = None) -> tuple[jax.Array, jax.Array, KVPool]:
+                        logits_indices: jax.Array | None = None, layout: Layout | None = None
+                        ) -> tuple[jax.Array, jax.Array, KVPool]:
     """``transformer.forward`` plus the final-norm output f32[T or len(logits_indices), E].
 
     The hidden state is the input of the LM head, captured from the ``final_norm`` module, so
-    the model code needs no extra output.
+    the model code needs no extra output. ``layout``: the device mesh, as for ``forward``.
     """
-    (logits, kv_pool), state = Transformer(config, attention_impl).apply(
+    (logits, kv_pool), state = Transformer(config, attention_impl, layout).apply(
         {"params": params}, tokens, positions, kv_pool, meta, logits_indices,
         capture_intermediates=lambda module, _: module.name == "final_norm")
     hidden = state["intermediates"]["final_norm"]["__call__"][0]

@@ -27,6 +27,7 @@ from flax import traverse_util
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
+from jaxserve.parallel.layout import Layout
 from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.rejection import round_uniforms
 from jaxserve.speculative.round import RoundInputs, RoundOutputs, multi_token_meta, accept_and_advance
@@ -79,7 +80,7 @@ def medusa_propose(params: dict, config: MedusaConfig, hidden: jax.Array, gamma:
 
 def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, inputs: RoundInputs,
                  hidden: jax.Array, *, target_config: ModelConfig, heads_config: MedusaConfig, gamma: int,
-                 attention_impl: str = "auto") -> RoundOutputs:
+                 attention_impl: str = "auto", layout: Layout | None = None) -> RoundOutputs:
     """``spec_round`` with Medusa proposals from hidden f32[B, E] (the target's hidden at positions - 1).
 
     The result's ``hidden`` is the next round's f32[B, E] (unchanged for inactive rows).
@@ -93,7 +94,7 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
     logits, hid, target_pool = forward_with_hidden(
         target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl)
+        multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl, layout=layout)
     r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, None)
     # the hidden at L + n produced the new last token: the heads read it next round
     nxt = hid.reshape(b, gamma + 1, -1)[jnp.arange(b), r.num_accepted]

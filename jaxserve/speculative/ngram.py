@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
+from jaxserve.parallel.layout import Layout
 from jaxserve.speculative.rejection import round_uniforms
 from jaxserve.speculative.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
 
@@ -46,11 +47,11 @@ def ngram_propose(history: jax.Array, last: jax.Array, gamma: int, max_ngram: in
 
 def ngram_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, history: jax.Array, *,
                 target_config: ModelConfig, gamma: int, max_ngram: int = 3, min_ngram: int = 1,
-                attention_impl: str = "auto") -> RoundOutputs:
+                attention_impl: str = "auto", layout: Layout | None = None) -> RoundOutputs:
     """``spec_round`` with n-gram proposals from history i32[B, H] (valid at [0, positions]); no draft pool."""
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, _ = ngram_propose(history, inputs.positions, gamma, max_ngram, min_ngram)
-    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl, layout)
     return accept_and_advance(inputs, x, None, logits, u, target_pool, None)

@@ -28,6 +28,7 @@ from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.transformer import forward
+from jaxserve.parallel.layout import Layout
 from jaxserve.sampling import SamplingBatch, argmax_first, token_logprobs
 from jaxserve.speculative.draft_vocab import DraftHead, full_logits, head_logits
 from jaxserve.speculative.hidden import forward_with_hidden
@@ -150,33 +151,35 @@ def draft_propose(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
 
 
 def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, draft_tokens: jax.Array,
-                  attention_impl: str) -> tuple[jax.Array, KVPool]:
+                  attention_impl: str, layout: Layout | None = None) -> tuple[jax.Array, KVPool]:
     """One target pass over [last, x_1..x_G] at L..L+G -> raw logits f32[B, G+1, V] (``accept_and_advance``
-    turns them into distributions only when some row samples)."""
+    turns them into distributions only when some row samples). ``layout``: the target's device mesh."""
     block_size = pool.page_size
     b, g = draft_tokens.shape
     toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
     pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
     logits, pool = forward(params, config, toks.reshape(-1), pos.reshape(-1), pool,
-                           multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl)
+                           multi_token_meta(inputs, pos, block_size), attention_impl=attention_impl, layout=layout)
     return logits.reshape(b, g + 1, -1), pool
 
 
 def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
                inputs: RoundInputs, *, target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
-               attention_impl: str = "auto", draft_head: DraftHead | None = None) -> RoundOutputs:
+               attention_impl: str = "auto", draft_head: DraftHead | None = None,
+               layout: Layout | None = None) -> RoundOutputs:
     """Draft γ tokens, verify them in one target pass, accept exactly, advance the state.
 
     All of a row's randomness in the round comes from ``row_keys(seed, index, L + 1)``, so its
     tokens do not depend on what else shares the batch. See the module docstring for the cache
     invariant. ``draft_head``: the draft proposes only its tokens (``jaxserve.speculative.draft_vocab``).
+    ``layout``: the target's device mesh (the draft runs replicated on it).
     """
     s = inputs.sampling
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x, q, draft_pool = draft_propose(draft_params, draft_config, draft_pool, inputs, u[:, :gamma, :-1],
                                      attention_impl, draft_head)
-    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl)
+    logits, target_pool = target_verify(target_params, target_config, target_pool, inputs, x, attention_impl, layout)
     return accept_and_advance(inputs, x, q, logits, u, target_pool, draft_pool)
 
 

@@ -14,21 +14,24 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxserve import SamplingParams  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
-from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, tokens  # noqa: E402
+from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, tokens  # noqa: E402
 
 GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
 
-def check_grid(names, layouts):
-    """Greedy and seeded outputs of each model equal for every layout."""
+def check_grid(names, layouts) -> dict:
+    """Greedy and seeded outputs of each model equal for every layout; returns the engines by (name, t, ep, d)."""
+    llms = {}
     for name in names:
         ref = None
         for t, ep, d in layouts:
             if ep and not MODELS[name].num_experts:
                 continue
             got = (tokens(llm := make(name, t, ep, d), GREEDY), tokens(llm, SEEDED))
+            llms[name, t, ep, d] = llm
             ref = got if ref is None else ref
             assert got == ref, (name, t, ep, d, got, ref)
             print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
+    return llms
 
 
 def spec(x) -> tuple:
@@ -95,6 +98,66 @@ def check_hlo():
         print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
 
 
+def check_moe_tensor_parallel(llms: dict):
+    """MoE under TP without EP (``llms``: engines by (name, t, ep, d)): each expert split on its intermediate dim
+    (gate/up column-, down row-parallel); one all-reduce of [B, E] per layer after o_proj and one after the
+    experts, no other collective (no expert weight gathered)."""
+    mlp = llms["mixtral", 4, False, 1].engine.runner.params["layers_1"]["mlp"]
+    assert spec(mlp["gate_proj"]) == spec(mlp["up_proj"]) == (None, None, "tensor") and spec(mlp["router"]) == ()
+    assert spec(mlp["down_proj"]) == (None, "tensor"), spec(mlp["down_proj"])
+    assert {s.data.shape for s in mlp["down_proj"].addressable_shards} == {(8, 64 // 4, 32)}
+    for name, t in (("qwen3_moe", 2), ("mixtral", 4)):
+        c = MODELS[name]
+        b, text, coll = decode_collectives(llms[name, t, False, 1])
+        assert set(coll) == {"all-reduce"}, coll
+        assert coll["all-reduce"].count == 2 * c.num_layers, coll
+        assert coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
+        print(f"hlo {name} T={t} experts split on I, decode B={b}: {coll}", flush=True)
+
+
+def check_quantized(cases):
+    """Quantized once on the host, then split: T=2 gives the one-device quantized model's tokens (greedy and
+    seeded) and log-probs within float rounding (the row-parallel sums add in another order); codes and block
+    scales split as their float kernel, tensor scales whole; the same all-reduces as in float; a K split inside a
+    scale block is an error naming the layer. ``cases``: (model, format) pairs."""
+    logged = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    for name, fmt in cases:
+        one, two = make(name, quantization=fmt), make(name, t=2, quantization=fmt)
+        want, got = one.generate(PROMPTS, logged, use_tqdm=False), two.generate(PROMPTS, logged, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want], fmt
+        err = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
+        assert err < 1e-4 and tokens(two, SEEDED) == tokens(one, SEEDED), (fmt, err)
+        r = two.engine.runner
+        o, q = r.params["layers_0"]["attn"]["o_proj"]["kernel"], r.params["layers_0"]["attn"]["q_proj"]["kernel"]
+        assert spec(o.data) == ("tensor",) and spec(q.data) == (None, "tensor") and spec(o.tensor_scale) == ()
+        assert spec(o.scales) == (() if fmt == "fp8" else ("tensor",)) and o.data.addressable_shards[0].data.shape[0] == o.data.shape[0] // 2
+        b, text, coll = decode_collectives(two)
+        c = MODELS[name]
+        assert set(coll) == {"all-reduce"} and coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
+        print(f"{fmt} {name} T=2: tokens equal, log-probs within {err:.1e}; {coll}", flush=True)
+    try:
+        make("llama", t=2, quantization="mxfp4")
+        raise AssertionError("an MXFP4 o_proj split inside its block was accepted")
+    except ValueError as e:
+        assert str(e).startswith("quantization='mxfp4' with tensor_parallel_size=2: layers_0/attn/o_proj/kernel: its "
+                                 "mxfp4 kernel splits K=32 over mesh axis 'tensor' of size 2 (16 per device)"), e
+    print("quantized: an MXFP4 split inside a block is refused by name", flush=True)
+
+
+def check_speculative(methods, seeded: bool):
+    """Speculative decoding with the target split over T=2 (the proposer and a draft's pool replicated): greedy
+    outputs equal the plain one-device ones, seeded ones (``seeded``) the one-device speculative engine's."""
+    plain = tokens(make("llama"), GREEDY)
+    for method in methods:
+        two = make_spec(method, t=2)
+        assert tokens(two, GREEDY) == plain, method
+        assert not seeded or tokens(two, SEEDED) == tokens(make_spec(method), SEEDED), method
+        r = two.engine.runner
+        assert spec(r.pool.layers[0].v) == (None, None, "tensor"), method
+        assert r.draft_pool is None or spec(r.draft_pool.layers[0].k) == (), method
+        print(f"speculative {method} T=2: greedy outputs equal{', seeded too' if seeded else ''}", flush=True)
+
+
 def check_preemption_and_prefix_cache():
     """Under TP a pool too small preempts, a shared prefix hits the cache, and n=2 samples fork their blocks
     (copy-on-write on the sharded pool); outputs stay the same."""
@@ -123,10 +186,21 @@ def check_pallas():
 def main(grid: bool):
     if grid:
         check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
+        check_quantized([("llama", "fp8"), ("llama_d16", "mxfp4")])
+        check_speculative(["ngram", "suffix", "medusa"], seeded=True)
+        for name in ("qwen3_moe", "mixtral"):  # quantized attention beside float experts, split on I or over devices
+            want = tokens(make(name, quantization="nvfp4"), GREEDY)
+            for t, ep, d in ((2, False, 1), (2, True, 2)):
+                assert tokens(make(name, t, ep, d, quantization="nvfp4"), GREEDY) == want, (name, t, ep, d)
+                print(f"nvfp4 {name} T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
     else:
         check_grid(["llama"], [(1, False, 1), (2, False, 1)])
-        check_grid(["qwen3_moe"], [(1, False, 1), (2, True, 2)])
+        llms = check_grid(["qwen3_moe"], [(1, False, 1), (2, False, 1), (2, True, 2)])  # T=4 in the --grid run
+        llms |= check_grid(["mixtral"], [(1, False, 1), (4, False, 1)])  # T=2 in the --grid run
         check_shardings()
+        check_moe_tensor_parallel(llms)
+        check_quantized([("llama", "nvfp4")])  # fp8 and mxfp4 in the --grid run
+        check_speculative(["draft_model"], seeded=True)  # n-gram, suffix and Medusa in the --grid run
         check_hlo()
         check_preemption_and_prefix_cache()
         check_pallas()

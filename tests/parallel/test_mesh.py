@@ -7,13 +7,16 @@ import sys
 
 import jax
 import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from jaxserve import LLM, SpeculativeConfig
+from jaxserve import LLM
 from jaxserve.cli import main as cli_main
 from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.models import init_params
 from jaxserve.parallel.distributed import free_port
 from jaxserve.parallel.hlo import collectives
+from jaxserve.parallel.sharding import param_specs
+from jaxserve.quant import quantized_shapes
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -29,8 +32,9 @@ def run_check(*args, timeout=600):
 
 
 def test_mesh_layouts_on_8_devices():
-    """TP 2 and EP over data x tensor equal one device (greedy and seeded); shardings; HLO collectives;
-    preemption and prefix caching under TP; the Pallas kernels per shard."""
+    """TP 2 and EP over data x tensor equal one device (greedy and seeded); Qwen3-MoE and Mixtral with experts
+    split on I at T=2 and T=4; shardings; HLO collectives; preemption and prefix caching under TP; the Pallas
+    kernels per shard; NVFP4 weights and a draft model's speculative decoding at T=2."""
     run_check()
 
 
@@ -54,7 +58,8 @@ def test_two_processes_serve_one_model():
 
 @pytest.mark.slow
 def test_mesh_grid_on_8_devices():
-    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2)."""
+    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2);
+    FP8 and MXFP4 weights, n-gram, suffix and Medusa speculative decoding at T=2; NVFP4 MoE models at T=2 and EP."""
     run_check("--grid", timeout=1800)
 
 
@@ -68,7 +73,6 @@ def llm(**kw):
     (dict(enable_expert_parallel=True), r"enable_expert_parallel=True needs a Mixture-of-Experts model"),
     (dict(data_parallel_size=2), "data_parallel_size=2 needs enable_expert_parallel=True"),
     (dict(tensor_parallel_size=0), "EngineConfig.tensor_parallel_size must be > 0, got 0"),
-    (dict(tensor_parallel_size=2, quantization="fp8"), "quantization='fp8' runs on one device; got tensor_parallel"),
 ])
 def test_layout_errors_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -89,16 +93,37 @@ def test_experts_must_divide_over_the_devices():
                         enable_expert_parallel=True)
 
 
+def test_expert_width_must_divide_over_the_tensor_axis():
+    config = CONFIG.replace(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4 must divide the experts' intermediate size 6"):
+        LLM.from_params(config, init_params(config, jax.random.key(0)), tensor_parallel_size=4)
+
+
+@pytest.mark.parametrize("fmt, t, o_proj, scales", [
+    ("nvfp4", 2, P("tensor", None), P("tensor", None)),  # K=32: a block of 16 per device
+    ("fp8", 4, P("tensor", None), P(None, None)),  # a per-tensor scale [1, 1]: whole on every device
+])
+def test_quantized_kernels_split_like_their_float_kernels(fmt, t, o_proj, scales):
+    config = CONFIG.replace(intermediate_size=64)  # down_proj K=64: whole NVFP4 blocks at T=2
+    specs = param_specs(quantized_shapes(init_params(config, jax.random.key(0)), fmt), AbstractMesh((t,), ("tensor",)))
+    attn = specs["layers_0"]["attn"]
+    assert (attn["o_proj"]["kernel"].data, attn["o_proj"]["kernel"].scales) == (o_proj, scales)
+    assert attn["q_proj"]["kernel"].data == P(None, "tensor") and attn["q_proj"]["kernel"].tensor_scale == P()
+
+
+def test_a_quantized_kernel_split_inside_a_block_is_an_error():
+    params = quantized_shapes(init_params(CONFIG, jax.random.key(0)), "nvfp4")
+    with pytest.raises(ValueError, match=r"layers_0/attn/o_proj/kernel: its nvfp4 kernel splits K=32 over mesh axis "
+                                         r"'tensor' of size 4 \(8 per device\), which must be a multiple of the "
+                                         r"nvfp4 block size 16"):
+        param_specs(params, AbstractMesh((4,), ("tensor",)))
+
+
 def test_types_are_checked():
     with pytest.raises(TypeError, match="EngineConfig.enable_expert_parallel"):
         EngineConfig(enable_expert_parallel=1)
     with pytest.raises(TypeError, match="EngineConfig.tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=2.0)
-
-
-def test_speculative_on_a_mesh_is_refused():
-    with pytest.raises(ValueError, match="speculative decoding runs on one device; got tensor_parallel_size=2"):
-        llm(tensor_parallel_size=2, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=2))
 
 
 def test_cli_flags_reach_the_engine(capsys):

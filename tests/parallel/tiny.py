@@ -2,7 +2,7 @@
 (importing this sets no XLA flags: the check scripts do, before jax starts)."""
 import jax
 
-from jaxserve import LLM, SamplingParams
+from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.config import ModelConfig
 from jaxserve.models import init_params
 
@@ -13,6 +13,7 @@ MODELS = {  # tiny random models of the three families (HF's config names; HF pa
     "qwen3_moe": ModelConfig(model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2,
                              moe_intermediate_size=16, router="qwen3_moe", **BASE),
     "mixtral": ModelConfig(model_type="mixtral", num_experts=8, num_experts_per_tok=2, router="mixtral", **BASE),
+    "llama_d16": ModelConfig(model_type="llama", **{**BASE, "head_dim": 16}),  # o_proj K=64: MXFP4 blocks at T=2
 }
 ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=32, attention_impl="xla")
 PROMPTS = [[1, 5, 9, 13, 2], [7, 7, 3], [11, 4, 8, 15, 16, 23, 42, 8, 1]]
@@ -25,6 +26,20 @@ def params_of(name):
     if name not in PARAMS:
         PARAMS[name] = init_params(MODELS[name], jax.random.key(0))
     return PARAMS[name]
+
+
+DRAFT = MODELS["llama"].replace(num_layers=1, hidden_size=16, head_dim=4, intermediate_size=32, num_heads=2,
+                                num_kv_heads=1)
+
+
+def make_spec(method, t=1, **kw):
+    """The tiny Llama with a speculative proposer: the 1-layer ``DRAFT`` for "draft_model", Medusa heads, or none."""
+    from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
+    heads = MedusaConfig(hidden_size=BASE["hidden_size"], vocab_size=BASE["vocab_size"], num_heads=2)
+    draft = {"draft_model": lambda: (DRAFT, init_params(DRAFT, jax.random.key(1))),
+             "medusa": lambda: (heads, init_medusa_params(heads, params_of("llama"), MODELS["llama"]))}.get(method)
+    return make("llama", t, speculative=SpeculativeConfig(method=method, num_speculative_tokens=2),
+                draft=draft and draft(), **kw)
 
 
 def make(name, t=1, ep=False, d=1, **kw):
