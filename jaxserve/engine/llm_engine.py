@@ -26,6 +26,7 @@ from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
 from jaxserve.engine.speculative_stats import SpeculativeStats
+from jaxserve.models.attention_backends import attention_backend
 from jaxserve.parallel.layout import make_layout
 from jaxserve.quant import MatmulSettings, quantize_params, quantized_shapes
 from jaxserve.sampling_params import SamplingParams
@@ -74,8 +75,8 @@ class LLMEngine:
         check_params_finite(params, "model")
         if proposer is not None and proposer.params is not None:
             check_params_finite(proposer.params, f"{proposer.method} proposer")
-        block_bytes = kv_pool_bytes_per_block(config.num_layers, ec.block_size, config.num_kv_heads,
-                                              config.head_dim, config.dtype)
+        block_bytes = kv_pool_bytes_per_block(config.num_layers, ec.block_size, config.num_kv_heads, config.head_dim,
+                                              attention_backend(ec.attention_impl).storage_dtype(config.dtype))
         num_blocks = ec.num_kv_blocks or ec.kv_cache_bytes // block_bytes
         if num_blocks < 1:
             raise ValueError(f"kv_cache_bytes={ec.kv_cache_bytes} is smaller than one KV block")

@@ -33,9 +33,13 @@ class AttentionBackend:
     name: str
     k_tokens_minor: bool = False
 
+    def storage_dtype(self, dtype) -> jnp.dtype:
+        """The dtype this backend's pools hold a model of ``dtype``'s K/V in."""
+        return jnp.dtype(dtype)
+
     def new_pool(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype=jnp.float32) -> KVPool:
-        return init_kv_pool(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype,
+        return init_kv_pool(num_layers, num_blocks, block_size, num_kv_heads, head_dim, self.storage_dtype(dtype),
                             k_tokens_minor=self.k_tokens_minor)
 
     def write(self, layer: KVLayer, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> KVLayer:
@@ -73,16 +77,14 @@ class AttentionBackend:
 class XlaAttention(AttentionBackend):
     k_tokens_minor: bool = True
 
-    def new_pool(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype=jnp.float32) -> KVPool:
+    def storage_dtype(self, dtype) -> jnp.dtype:
         """A 16-bit model's pool is stored in float32 on XLA:CPU, which has no bf16/f16 scatter or gather:
         it would widen each layer's whole pool to float32 (and narrow it back) around every K/V write and
         page read, two full passes over the pool per layer and step (SmolLM2-135M in bf16 at batch 1: ~72 of
         ~125 ms of device time). K/V rows arrive rounded to the model's dtype and float32 holds them exactly,
         so attention reads the same values, at twice the pool's memory."""
-        if jax.default_backend() == "cpu" and jnp.dtype(dtype).itemsize < 4:
-            dtype = jnp.float32
-        return super().new_pool(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
+        dtype = jnp.dtype(dtype)
+        return jnp.dtype(jnp.float32) if jax.default_backend() == "cpu" and dtype.itemsize < 4 else dtype
 
     def decode(self, q, k_pages, v_pages, tables, lens, **kw):
         return pa.paged_attention_online(q, k_pages, v_pages, tables, lens, **kw)
