@@ -31,7 +31,7 @@ PRESETS: dict[str, ModelConfig] = {
                                    num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                                    max_position_embeddings=512, eos_token_id=0),
     # SmolLM2-135M-Instruct's draft (jaxserve/zoo/smollm2-135m-instruct-draft): its 49152-token vocabulary, a
-    # 128-wide tied embedding (the target's, projected: jaxserve.train.draft_init) that is most of its 6.9M
+    # 128-wide tied embedding (the target's, projected: jaxserve.train.draft_init) that is most of its 7.1M
     # parameters, and four narrow layers; a decode step reads ~28 MB in float32 to the target's ~540 MB.
     "smollm2-135m-instruct-draft": ModelConfig(model_type="llama", vocab_size=49152, hidden_size=128,
                                                intermediate_size=384, num_layers=4, num_heads=2, num_kv_heads=1,
