@@ -41,7 +41,7 @@ CONFIG_FILE = "jaxserve_config.json"
 PARAMS_DIR = "params"
 MANIFEST_FILE = "jaxserve_manifest.json"
 # read when the checkpoint is served: listed in the manifest when present
-SERVED_FILES = ("tokenizer.json", "router_state.json", "token_counts.json")
+SERVED_FILES = ("tokenizer.json", "tokenizer_config.json", "router_state.json", "token_counts.json")
 _MANIFEST_FORMAT = 1
 
 

@@ -30,6 +30,14 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-code-draft": ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64, intermediate_size=192,
                                    num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                                    max_position_embeddings=512, eos_token_id=0),
+    # SmolLM2-135M-Instruct's draft (jaxserve/zoo/smollm2-135m-instruct-draft): its 49152-token vocabulary, a
+    # 128-wide tied embedding (the target's, projected: jaxserve.train.draft_init) that is most of its 7.1M
+    # parameters, and four narrow layers; a decode step reads ~28 MB in float32 to the target's ~540 MB.
+    "smollm2-135m-instruct-draft": ModelConfig(model_type="llama", vocab_size=49152, hidden_size=128,
+                                               intermediate_size=384, num_layers=4, num_heads=2, num_kv_heads=1,
+                                               head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+                                               max_position_embeddings=2048, tie_word_embeddings=True,
+                                               bos_token_id=1, eos_token_id=2),
     "llama3-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
                              rms_norm_eps=1e-5, max_position_embeddings=8192, dtype="bfloat16"),

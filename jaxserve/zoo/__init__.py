@@ -1,4 +1,5 @@
-"""The bundled model zoo: small models trained by ``jaxserve.train`` on the pycode corpus.
+"""The bundled model zoo: small models trained by ``jaxserve.train`` on the pycode corpus, and a draft for
+SmolLM2-135M-Instruct (``smollm2-135m-instruct-draft``) trained on that model's own answers.
 
 Each ``jaxserve/zoo/<name>/`` is a jaxserve checkpoint (``jaxserve_config.json`` + ``params/``) with
 ``tokenizer.json``, ``MODEL_CARD.md`` (figures written by ``scripts/eval_zoo.py``), the training

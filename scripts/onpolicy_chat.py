@@ -1,0 +1,158 @@
+"""On-policy data for a draft of an instruct model: the target's own answers to chat prompts, and its
+continuations of plain text, as one token stream for ``python -m jaxserve.train data.train_windows=...``.
+
+    nice -n 19 python scripts/onpolicy_chat.py target=smollm2-135m-instruct out=runs/onpolicy/smollm2 \
+        budget_s=1200
+
+Prompts (shuffled with ``seed``): instructions ("Summarize", "Explain", "What does this code do?", ...) over
+paragraphs of ``tests/data/real_text`` and files of the pycode-v1 training split, open questions, all through
+the tokenizer's chat template; and ``plain_fraction`` raw windows of the same texts. Rows alternate greedy /
+sampled at temperature 1, and stop at EOS or ``max_tokens``. After every batch ``out.npy`` (i32[N]: each
+prompt + continuation, EOS-separated), ``out_windows.npy`` (that stream as training windows) and ``out.json``
+(counts) are rewritten, so a run stopped at
+``budget_s`` (or killed) leaves usable data. The same prompt split is held out by ``heldout`` for evaluation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from jaxserve.config import apply_overrides
+
+REAL_TEXT = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "real_text"
+INSTRUCTIONS = ("Summarize the following text in two sentences:", "Explain this in simple words:",
+                "Rewrite this text more clearly:", "What are the key points of this text?",
+                "Translate this into plain English for a beginner:", "List three questions this text raises:")
+CODE_INSTRUCTIONS = ("What does this code do?", "Explain this Python code step by step:",
+                     "Write a docstring for this code:", "Suggest an improvement to this code:",
+                     "Find a possible bug in this code:")
+QUESTIONS = (
+    "What is the capital of France?", "How do I reverse a list in Python?", "Why is the sky blue?",
+    "Write a short poem about the sea.", "What is machine learning?", "Give me three tips for better sleep.",
+    "How does a hash table work?", "What is the difference between a list and a tuple in Python?",
+    "Explain recursion with an example.", "Write a Python function that checks if a number is prime.",
+    "What causes the seasons on Earth?", "How do vaccines work?", "Tell me a fun fact about octopuses.",
+    "What is the Pythagorean theorem?", "How can I improve my writing?", "What is an API?",
+    "Write a haiku about autumn.", "Explain what a binary search is.", "What is photosynthesis?",
+    "How do I read a file line by line in Python?", "What are the benefits of exercise?",
+    "Describe the water cycle.", "What is the difference between weather and climate?",
+    "Write a SQL query that counts rows in a table named users.", "What is a black hole?",
+    "Give me a recipe for pancakes.", "How does the internet work?", "What is open source software?",
+    "Explain the difference between HTTP and HTTPS.", "What is a neural network?",
+    "Write a short story about a robot who learns to paint.", "How do I sort a dictionary by value in Python?",
+    "What should I pack for a weekend hiking trip?", "Explain inflation to a child.",
+    "What is the GPL license?", "How does git rebase differ from git merge?", "What is gravity?",
+    "Write an email asking my manager for a day off.", "What are prime numbers?", "How do plants grow?",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatDataConfig:
+    target: str = "smollm2-135m-instruct"
+    out: str = "runs/onpolicy/smollm2"
+    batch_size: int = 64
+    max_tokens: int = 96  # generated tokens per prompt (fewer where EOS comes first)
+    max_prompt_tokens: int = 96
+    plain_fraction: float = 0.3
+    budget_s: float = 1200.0  # stop after the batch that crosses this many seconds
+    heldout: int = 64  # the last ``heldout`` shuffled prompts are never generated (evaluation prompts)
+    seq_len: int = 256  # ``out_windows.npy``: the stream cut into windows i32[W, seq_len + 1] for training
+    seed: int = 0
+
+
+def _paragraphs() -> list[str]:
+    paras = []
+    for path in sorted(REAL_TEXT.glob("*.txt")):
+        blocks = [" ".join(b.split()) for b in path.read_text().split("\n\n")]
+        paras += [b for b in blocks if 200 <= len(b)]
+    return paras
+
+
+def _code_snippets(rng: np.random.Generator, num: int) -> list[str]:
+    from jaxserve.train.corpus import iter_documents
+
+    docs = [d for d in iter_documents(None, "train") if len(d) > 400]
+    picks = rng.choice(len(docs), num)
+    out = []
+    for i in picks:
+        lines = docs[i].splitlines()
+        start = int(rng.integers(0, max(1, len(lines) - 12)))
+        out.append("\n".join(lines[start:start + 12]))
+    return out
+
+
+def build_prompts(tokenizer, cfg: ChatDataConfig) -> list[tuple[str, list[int]]]:
+    """``(kind, token ids)`` pairs, shuffled: kind is "chat" or "plain"; each at most max_prompt_tokens."""
+    rng = np.random.default_rng(cfg.seed)
+    paras, code = _paragraphs(), _code_snippets(rng, 600)
+
+    def chat(text: str) -> list[int]:
+        return tokenizer.encode_chat([{"role": "user", "content": text}])
+
+    def clip_text(text: str) -> str:
+        ids = tokenizer.encode(text, add_special_tokens=False)[:cfg.max_prompt_tokens - 45]
+        return tokenizer.decode(ids)
+
+    chats = [chat(f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n{clip_text(p)}") for i, p in enumerate(paras)]
+    chats += [chat(f"{CODE_INSTRUCTIONS[i % len(CODE_INSTRUCTIONS)]}\n\n{clip_text(c)}") for i, c in enumerate(code)]
+    chats += [chat(q) for q in QUESTIONS] * 4  # sampled rows give different answers to a repeated question
+    plain_n = int(len(chats) * cfg.plain_fraction / (1 - cfg.plain_fraction))
+    sources = paras + code
+    plains = []
+    for i in rng.choice(len(sources), plain_n):
+        ids = tokenizer.encode(sources[i], add_special_tokens=False)
+        start = int(rng.integers(0, max(1, len(ids) - 48)))
+        plains.append(ids[start:start + int(rng.integers(24, 64))])
+    prompts = [("chat", p[:cfg.max_prompt_tokens]) for p in chats] + [("plain", p) for p in plains if p]
+    return [prompts[i] for i in rng.permutation(len(prompts))]
+
+
+def main(argv: list[str]) -> None:
+    from jaxserve.models.loading import resolve_model
+    from jaxserve.speculative.generate import target_only_generate
+    from jaxserve.train.data import windows
+
+    cfg = apply_overrides(ChatDataConfig(), argv)
+    config, params, tokenizer = resolve_model(cfg.target)
+    prompts = build_prompts(tokenizer, cfg)
+    train, held = prompts[:-cfg.heldout], prompts[-cfg.heldout:]
+    out = pathlib.Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (out.parent / f"{out.name}_heldout.json").write_text(json.dumps([{"kind": k, "ids": p} for k, p in held]))
+    eos, t0 = tokenizer.eos_token_id, time.perf_counter()
+    pieces, stats = [], {"prompts": 0, "generated": 0, "chat": 0, "plain": 0, "greedy": 0, "sampled": 0}
+    for lo in range(0, len(train), cfg.batch_size):
+        batch = train[lo:lo + cfg.batch_size]
+        lens = np.array([len(p) for _, p in batch], np.int32)
+        ids = np.zeros((len(batch), int(lens.max())), np.int32)
+        for r, (_, p) in enumerate(batch):
+            ids[r, :len(p)] = p
+        temp = (np.arange(len(batch)) % 2).astype(np.float32)  # even rows greedy, odd rows T=1
+        tokens, count, _ = target_only_generate(params, config, ids, lens, max_tokens=cfg.max_tokens,
+                                                temperature=temp, seeds=cfg.seed * 1_000_003 + lo + np.arange(len(batch)),
+                                                eos_token_id=eos)
+        tokens, count = np.asarray(tokens), np.asarray(count)
+        for r, (kind, p) in enumerate(batch):
+            gen = tokens[r, :count[r]].tolist()
+            pieces.append(np.asarray(p + gen + ([] if gen and gen[-1] == eos else [eos]), np.int32))
+            stats[kind] += 1
+            stats["greedy" if temp[r] == 0 else "sampled"] += 1
+        stats["prompts"] += len(batch)
+        stats["generated"] += int(count.sum())
+        stats["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        stats["stream_tokens"] = int(sum(len(x) for x in pieces))
+        np.save(out.with_suffix(".npy"), np.concatenate(pieces))
+        np.save(out.parent / f"{out.name}_windows.npy", windows(np.concatenate(pieces), cfg.seq_len))
+        out.with_suffix(".json").write_text(json.dumps({**stats, "config": dataclasses.asdict(cfg)}, indent=1))
+        print(json.dumps(stats), flush=True)
+        if stats["elapsed_s"] > cfg.budget_s:
+            break
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
