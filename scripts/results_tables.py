@@ -89,11 +89,16 @@ def peer_throughput():
 SMOLLM2_RUNS = tuple(f"results/peer_throughput/smollm2_{d}/results.json" for d in ("float32", "bfloat16"))
 
 
+SMOLLM2_PARAMS = 134_515_008  # SmolLM2-135M: 30 layers of 3,540,096 + the tied 49,152 x 576 embedding + a norm
+
+
 def smollm2_speed():
-    """SmolLM2 output tok/s, median (range), jaxserve and transformers per dtype and workload."""
+    """SmolLM2 output tok/s, median (range), jaxserve and transformers per dtype and workload, and the weight
+    bytes each backend streams per second (one read of every weight per decode step: tok/s / requests)."""
     rows = []
     for rel in SMOLLM2_RUNS:
         dtype = load(rel)["config"]["dtype"]
+        weight_bytes = SMOLLM2_PARAMS * (4 if dtype == "float32" else 2)
         by = {}
         for r in table("throughput", rel):
             by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
@@ -101,9 +106,11 @@ def smollm2_speed():
             j, h = cells["jaxserve"], cells["hf"]
             rows.append([dtype, workload, requests,
                          *(f"{c['tok_s_median']:,.1f} ({c['tok_s_min']:,.1f}–{c['tok_s_max']:,.1f})" for c in (j, h)),
-                         f"**{x(j['tok_s_median'] / h['tok_s_median'])}**", f"{h['agrees_with_jaxserve']:.2f}"])
+                         f"**{x(j['tok_s_median'] / h['tok_s_median'])}**",
+                         " / ".join(f"{c['tok_s_median'] / requests * weight_bytes / 1e9:.1f}" for c in (j, h)),
+                         f"{h['agrees_with_jaxserve']:.2f}"])
     return ["dtype", "workload", "requests", "jaxserve tok/s", "HF transformers tok/s", "jaxserve / HF",
-            "HF's first 8 tokens = jaxserve's"], rows
+            "weights read GB/s (jaxserve / HF)", "HF's first 8 tokens = jaxserve's"], rows
 
 
 def paged_attention_decode():
@@ -392,10 +399,16 @@ CLAIMS = (
           "`benchmarks/peers/compare.py --model smollm2-135m-instruct --backends jaxserve,hf --workloads batch1,batch64 "
           "--rounds 3 --threads 2 --dtype D`: the packaged Q4_1 GGUF dequantized, then cast to D, in both backends; "
           "batch1: 1 request 64 → 128 greedy tokens (EOS ignored), batch64: 64 of them; rounds alternate the "
-          "backends. Measured on the 2-core VM right after CI, with nothing else running. jaxserve loses in both "
-          "dtypes and its bfloat16 runs slower than its float32 on XLA:CPU (not profiled yet: issue 28); in bfloat16 "
-          "only 0.59 of the batch-64 requests agree with jaxserve on 8 tokens (different bf16 rounding, then "
-          "near-ties; batch 1 agrees)."),
+          "backends. Measured on the 2-core AMD EPYC VM with nothing else running (load average 2.5 → 1.9). "
+          "jaxserve leads in float32 and at bfloat16 batch 1 and trails HF (torch's bf16 GEMMs) at bfloat16 batch 64. "
+          "Batch-1 float32 streams the weights at 27 GB/s (numpy on this VM, one thread: a copy moves 42 GB/s counting "
+          "read and write, a sum reads 23 GB/s): memory-bound; bfloat16 "
+          "batch 1 reads half the bytes in the same time (XLA:CPU's bf16 dots at 1–2 rows are compute-bound). "
+          "The change behind the bfloat16 rows (198c6ad, the KV pool of a 16-bit model held in float32 on XLA:CPU): "
+          "the same command at b38f2cd, same VM and hour, gave bfloat16 batch 1 17.5 (15.6–17.7) tok/s beside HF's 41.2 "
+          "and batch 64 172.4 (169.4–176.3) beside 340.0: the change made bfloat16 2.9× faster at batch 1, 1.6× at 64. The previous table (float32 24.0 / 172.0, bfloat16 9.7 / 134.7 tok/s) was measured on "
+          "an Intel Xeon VM and is not comparable. In bfloat16 only 0.56 of the batch-64 requests agree with "
+          "jaxserve on 8 tokens (different bf16 rounding, then near-ties; batch 1 agrees)."),
     Claim("Paged attention decode on CPU: gather-then-attend reference vs a contiguous cache",
           ("results/paged_attention/results.json",), paged_attention_decode,
           "Load average 10–12 during the run (a shared machine): read the ratios, not the times. The Pallas kernels "
