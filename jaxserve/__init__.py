@@ -11,7 +11,10 @@ The names load lazily (``jaxserve/lazy.py``): importing a host module such as
 """
 from typing import TYPE_CHECKING
 
+from jaxserve.host_malloc import retain_freed_memory
 from jaxserve.lazy import lazy_exports
+
+retain_freed_memory()  # before JAX starts its threads: XLA:CPU's scratch buffers reused, not re-faulted
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "BeamSearchParams": "jaxserve.sampling_params",
