@@ -13,10 +13,19 @@ tokens match the first backend's (same weights, same argmax: near 1 unless a nea
 different weights would score ~0). Backends whose venv is missing are skipped, and said so.
 Workloads: ``batch1`` (1 request, 64 -> 128 tokens), ``batch64`` (64 such requests), ``sharegpt``
 (64 ShareGPT-like long-tailed requests, lengths scaled by ``--sharegpt-scale``).
+
+A backend may name a variant after ``@``: ``llama.cpp@Q4_0`` stores the llama.cpp export's matrices as that GGML
+type (``F16``, ``BF16``, ``Q8_0``, ``Q4_0``, ...; default from ``--dtype``), ``llama.cpp@file`` serves
+``--gguf-file``; ``jaxserve@engine.quantization=nvfp4`` passes engine overrides (``+`` between several). Each variant
+is a backend of its own in the rounds and the table, e.g. the 4-bit row::
+
+    python benchmarks/peers/compare.py --model smollm2-135m-instruct --dtype bfloat16 --workloads batch1 \
+        --backends jaxserve,jaxserve@engine.quantization=nvfp4,llama.cpp@F16,llama.cpp@Q4_0
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -43,6 +52,30 @@ def workloads(names: list[str], vocab: int, max_model_len: int, scale: float, se
                              output_len=(128, 128), length_scale=scale) for n in names}
 
 
+def backend_options(spec: str, args) -> tuple[str, BenchOptions]:
+    """``NAME[@VARIANT]`` -> (the backend's name, its options); errors name the spec."""
+    name, _, variant = spec.partition("@")
+    opts = BenchOptions(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        threads=args.threads, gguf_file=args.gguf_file if name == "llama.cpp" else None)
+    if not variant:
+        return name, opts
+    if name == "llama.cpp":
+        if variant == "file":
+            if not args.gguf_file:
+                raise ValueError(f"backend {spec!r} serves --gguf-file, which was not given")
+            return name, opts
+        import gguf
+        if variant not in gguf.GGMLQuantizationType.__members__:
+            raise ValueError(f"backend {spec!r}: {variant!r} is not a GGML type (F16, BF16, Q8_0, Q4_0, ...)")
+        return name, dataclasses.replace(opts, gguf_type=variant, gguf_file=None)
+    if name == "jaxserve":
+        from jaxserve.config import engine_kwargs
+        overrides = tuple(variant.split("+"))
+        engine_kwargs(list(overrides))  # raises, naming the key or value, before any model is built
+        return name, dataclasses.replace(opts, overrides=overrides)
+    raise ValueError(f"backend {spec!r}: only llama.cpp and jaxserve take a variant after '@'")
+
+
 def agreement(heads: list[list[int]], reference: list[list[int]]) -> float:
     return sum(a == b for a, b in zip(heads, reference)) / len(reference)
 
@@ -65,7 +98,8 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     names = args.backends.split(",")
-    skipped = {n: missing(n) for n in names if n in PEERS and missing(n)}
+    options = {n: backend_options(n, args) for n in names}
+    skipped = {n: missing(options[n][0]) for n in names if options[n][0] in PEERS and missing(options[n][0])}
     for n, why in skipped.items():
         print(f"skipping {n}: {why}", file=sys.stderr)
     names = [n for n in names if n not in skipped]
@@ -78,9 +112,7 @@ def main(argv=None) -> int:
         backends = {}
         try:
             for n in names:
-                opts = BenchOptions(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                                    threads=args.threads, gguf_file=args.gguf_file if n == "llama.cpp" else None)
-                backends[n] = make_backend(n, model, opts)
+                backends[n] = make_backend(options[n][0], model, options[n][1])
                 print(f"{n} ready", file=sys.stderr, flush=True)
             runs: dict[tuple[str, str], list[dict]] = {}
             for w, requests in loads.items():  # the untimed warm-up, and the checks of every output

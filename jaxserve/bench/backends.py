@@ -85,7 +85,8 @@ class JaxserveBackend:
         start = time.perf_counter()
         self.llm.warmup()
         self.info = {"version": _version("jaxserve"), "jax": jax.__version__, "warmup_s": time.perf_counter() - start,
-                     "engine": self.engine_kwargs}
+                     "engine": self.engine_kwargs,  # the bytes a decode step reads once: every weight as served
+                     "weight_bytes": sum(x.nbytes for x in jax.tree.leaves(self.llm.engine.runner.params))}
         self._compiles_after_warmup = self.llm.stats()["compilations"]
 
     def run(self, requests: list[BenchRequest], workload_path=None) -> dict:
@@ -170,6 +171,8 @@ class PeerBackend:
                                     max_model_len=opts.max_model_len, dtype=opts.dtype,
                                     log_path=model.workdir / f"{name}.log")
         self.info = {k: v for k, v in self.driver.info.items() if k != "ready"} | {"weights": str(path)}
+        if PEERS[name].weights != "hf":
+            self.info["weight_bytes"] = pathlib.Path(path).stat().st_size  # the GGUF: its tensors, ~all of it
 
     def run(self, requests: list[BenchRequest], workload_path) -> dict:
         return self.driver.run(workload_path)
