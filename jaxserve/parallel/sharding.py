@@ -61,14 +61,15 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules: Sequence[Rule
         return P()
     axes = tuple(_mesh_axes(a, mesh, axis_map) for a in axes)
     for dim, (size, axis) in enumerate(zip(shape, axes)):
-        ways = _ways(axis, mesh)
+        ways = axis_ways(axis, mesh)
         if size % ways:
             raise ValueError(f"{path}: dimension {dim} of size {size} is not divisible by mesh axis "
                              f"{axis!r} of size {ways}")
     return P(*axes)
 
 
-def _ways(axis, mesh: Mesh) -> int:
+def axis_ways(axis, mesh: Mesh) -> int:
+    """How many ways mesh ``axis`` (a name, a tuple of names, or None) splits a dimension."""
     return math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis or ()))
 
 
@@ -78,8 +79,8 @@ def quantized_spec(path: str, qt: QuantizedTensor, spec: P, mesh: Mesh) -> Quant
     axes = tuple(spec) + (None,) * (len(qt.shape) - len(spec))
     split, k = axes[qt.axis], qt.shape[qt.axis]
     # fp8's scale is per tensor or per column, never in blocks along K
-    if split is not None and qt.fmt != "fp8" and (k // qt.block_size) % _ways(split, mesh):
-        ways = _ways(split, mesh)
+    if split is not None and qt.fmt != "fp8" and (k // qt.block_size) % axis_ways(split, mesh):
+        ways = axis_ways(split, mesh)
         raise ValueError(f"{path}: its {qt.fmt} kernel splits K={k} over mesh axis {split!r} of size {ways} "
                          f"({k / ways:g} per device), which must be a multiple of the {qt.fmt} block size "
                          f"{qt.block_size}")

@@ -8,6 +8,9 @@ kernels, and everything else, run unchanged. The interceptor reads the kernel wi
 checks the stored leaves against the float kernel's shape and so rejects a QuantizedTensor
 (``ScopeParamShapeError``): quantized params outside the context fail loudly, never silently.
 
+On a device mesh (a model module above the Dense carries a ``layout``), the quantized matmul runs per shard
+inside ``shard_map``, each device on its slice of the kernel (``jaxserve.quant.sharded``).
+
 The choice happens when the model is traced. Under ``jax.jit`` enter the context inside the jitted
 function (wrap before jitting: ``jax.jit(quantized_apply(forward, ...))``): the settings are not
 part of jit's cache key, so one jitted function called under two different settings with params of
@@ -104,6 +107,17 @@ def current_settings() -> MatmulSettings | None:
     return stack[-1] if stack else None
 
 
+def _layout_of(module: nn.Module):
+    """The device layout of the model ``module`` is part of: its nearest ancestor's ``layout`` attribute
+    (``jaxserve.models.transformer`` passes one down its modules), or None for one device."""
+    m = module.parent
+    while isinstance(m, nn.Module):
+        if getattr(m, "layout", None) is not None:
+            return m.layout
+        m = m.parent
+    return None
+
+
 def _dense_interceptor(next_fun, args, kwargs, context):
     m = context.module
     if (context.method_name != "__call__" or not isinstance(m, nn.Dense)
@@ -117,7 +131,13 @@ def _dense_interceptor(next_fun, args, kwargs, context):
         raise ValueError(f"{'/'.join(m.scope.path)}: quantized kernel of shape {kernel.shape} does not fit "
                          f"inputs {x.shape} -> {m.features} features")
     dtype = m.dtype or jnp.result_type(x.dtype, jnp.dtype(kernel.dtype))
-    y = quantized_matmul(x.astype(dtype), kernel, current_settings(), out_dtype=dtype)
+    layout = _layout_of(m)
+    if layout is None:
+        y = quantized_matmul(x.astype(dtype), kernel, current_settings(), out_dtype=dtype)
+    else:  # per shard, split as the rule table placed the kernel (GSPMD would gather it for the kernel call)
+        from jaxserve.quant.sharded import sharded_quantized_matmul
+        path = "/".join(m.scope.path) + "/kernel"
+        y = sharded_quantized_matmul(x.astype(dtype), kernel, current_settings(), layout, path, out_dtype=dtype)
     if m.use_bias:
         y = y + m.get_variable("params", "bias").astype(dtype)
     return y

@@ -1,13 +1,18 @@
 """The engine on a mesh of 8 simulated CPU devices gives the one-device outputs, for every layout.
 
-Run by test_mesh.py in a subprocess (XLA_FLAGS must be set before jax is imported). One process runs
-every check (compiling is what costs) and prints one line per check, "OK" last.
-Usage: python tests/parallel/mesh_check.py [--grid]   (--grid: the whole grid of layouts and models)
+Run by test_mesh.py in a subprocess (XLA_FLAGS must be set before jax is imported), one per model family, so
+pytest-xdist spreads them; each process runs every check of its family (compiling is what costs: engines of the
+same model and layout share their compiled programs, and the collectives' HLO comes from the persistent
+compilation cache) and prints one line per check, "OK" last.
+Usage: python tests/parallel/mesh_check.py llama|qwen3_moe|mixtral
 """
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# XLA's backend optimizations off: ~30% less compile time for these tiny programs (which run in milliseconds);
+# every comparison is between layouts compiled alike
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+                           "--xla_llvm_disable_expensive_passes=true")
 
 import jax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -16,21 +21,25 @@ from jaxserve import SamplingParams  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
 from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, tokens  # noqa: E402
 
-GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]
+# every program into the persistent cache: reading a step's collectives (an AOT compile of a program the engine
+# already ran) is then a cache hit, not a second compile
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
-def check_grid(names, layouts) -> dict:
-    """Greedy and seeded outputs of each model equal for every layout; returns the engines by (name, t, ep, d)."""
-    llms = {}
-    for name in names:
-        ref = None
-        for t, ep, d in layouts:
-            if ep and not MODELS[name].num_experts:
-                continue
-            got = (tokens(llm := make(name, t, ep, d), GREEDY), tokens(llm, SEEDED))
-            llms[name, t, ep, d] = llm
-            ref = got if ref is None else ref
-            assert got == ref, (name, t, ep, d, got, ref)
-            print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
+GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]  # (T, EP, D)
+
+
+def check_grid(name: str) -> dict:
+    """Greedy and seeded outputs of ``name`` equal for every layout of the grid (the expert-parallel ones for an
+    MoE model only); returns the engines by (t, ep, d)."""
+    llms, ref = {}, None
+    for t, ep, d in GRID:
+        if ep and not MODELS[name].num_experts:
+            continue
+        got = (tokens(llm := make(name, t, ep, d), GREEDY), tokens(llm, SEEDED))
+        llms[t, ep, d] = llm
+        ref = got if ref is None else ref
+        assert got == ref, (name, t, ep, d, got, ref)
+        print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
     return llms
 
 
@@ -42,11 +51,10 @@ def spec(x) -> tuple:
     return tuple(axes)
 
 
-def check_shardings():
-    """Pool by KV head; Megatron params; KV heads replicated when T > K; experts over all devices."""
-    llm = make("llama", t=4)  # K=2 < T=4: each KV head twice, one per shard
-    tokens(llm, SamplingParams(max_tokens=2), PROMPTS[:1])  # the donated pool comes back as sharded
-    r = llm.engine.runner
+def check_shardings(llm):
+    """Pool by KV head; Megatron params; KV heads replicated when T > K (``llm``: the Llama at T=4, after steps:
+    the donated pool comes back as sharded)."""
+    r = llm.engine.runner  # K=2 < T=4: each KV head twice, one per shard
     layer = r.pool.layers[0]
     assert r.config.num_kv_heads == 4 and layer.v.shape[2] == 4, r.config
     assert spec(layer.k) == (None, "tensor") and spec(layer.v) == (None, None, "tensor")
@@ -57,12 +65,17 @@ def check_shardings():
     assert spec(mlp["up_proj"]["kernel"]) == (None, "tensor")
     assert spec(mlp["down_proj"]["kernel"]) == ("tensor",)
     assert spec(r.params["embed"]["embedding"]) == ()
-    r = make("qwen3_moe", t=2, ep=True, d=2).engine.runner
+    print("shardings: pool by KV head, params by the rule table", flush=True)
+
+
+def check_expert_shardings(llm):
+    """Experts over all devices, router and pool as without EP (``llm``: Qwen3-MoE at T=2, EP, D=2)."""
+    r = llm.engine.runner
     bank = r.params["layers_1"]["mlp"]["gate_proj"]
     assert spec(bank) == (("data", "tensor"),) and bank.addressable_shards[0].data.shape[0] == 2
     assert spec(r.params["layers_1"]["mlp"]["router"]) == ()
     assert spec(r.pool.layers[1].v) == (None, None, "tensor")
-    print("shardings: pool by KV head, params by the rule table, experts over data x tensor", flush=True)
+    print("shardings: experts over data x tensor", flush=True)
 
 
 def decode_collectives(llm):
@@ -72,13 +85,12 @@ def decode_collectives(llm):
     return shape[0], text, collectives(text)
 
 
-def check_hlo():
-    """TP: one all-reduce of [B, E] after o_proj and after down_proj per layer, no gather; EP: three
-    all_to_all per MoE layer (rows, ids, results back), the o_proj all-reduce under TP, and gathers of the
-    layer's output and router probabilities only; no gather of the pool. Prints each layout's collectives."""
+def check_hlo(llms):
+    """TP: one all-reduce of [B, E] after o_proj and after down_proj per layer, no gather; no gather of the
+    pool. Prints each layout's collectives (``llms``: the Llama's engines by (t, ep, d))."""
     c = MODELS["llama"]
     for t in (2, 4):
-        llm = make("llama", t=t)
+        llm = llms[t, False, 1]
         b, text, coll = decode_collectives(llm)
         assert set(coll) == {"all-reduce"}, coll
         assert coll["all-reduce"].count == 2 * c.num_layers, coll
@@ -86,8 +98,13 @@ def check_hlo():
         layer = llm.engine.runner.pool.layers[0]
         assert not gathers_of(text, layer.k.shape) and not gathers_of(text, layer.v.shape)
         print(f"hlo llama T={t} decode B={b}: {coll}", flush=True)
+
+
+def check_expert_hlo(llms):
+    """EP: three all_to_all per MoE layer (rows, ids, results back), the o_proj all-reduce under TP, and gathers
+    of the layer's output and router probabilities only; no gather of the pool (``llms``: Qwen3-MoE's engines)."""
     for t, d in ((2, 2), (1, 4), (2, 1)):
-        llm = make("qwen3_moe", t=t, ep=True, d=d)
+        llm = llms[t, True, d]
         b, text, coll = decode_collectives(llm)
         layers = MODELS["qwen3_moe"].num_layers
         assert coll["all-to-all"].count == 3 * layers, coll
@@ -98,31 +115,34 @@ def check_hlo():
         print(f"hlo qwen3_moe T={t} EP D={d} decode B={b}: {coll}", flush=True)
 
 
-def check_moe_tensor_parallel(llms: dict):
-    """MoE under TP without EP (``llms``: engines by (name, t, ep, d)): each expert split on its intermediate dim
-    (gate/up column-, down row-parallel); one all-reduce of [B, E] per layer after o_proj and one after the
-    experts, no other collective (no expert weight gathered)."""
-    mlp = llms["mixtral", 4, False, 1].engine.runner.params["layers_1"]["mlp"]
+def check_moe_tensor_parallel(name: str, llms: dict):
+    """MoE under TP without EP (``llms``: ``name``'s engines by (t, ep, d)): each expert split on its intermediate
+    dim (gate/up column-, down row-parallel); one all-reduce of [B, E] per layer after o_proj and one after the
+    experts, no other collective (no expert weight gathered), at T=2 and T=4."""
+    c = MODELS[name]
+    mlp = llms[4, False, 1].engine.runner.params["layers_1"]["mlp"]
     assert spec(mlp["gate_proj"]) == spec(mlp["up_proj"]) == (None, None, "tensor") and spec(mlp["router"]) == ()
     assert spec(mlp["down_proj"]) == (None, "tensor"), spec(mlp["down_proj"])
-    assert {s.data.shape for s in mlp["down_proj"].addressable_shards} == {(8, 64 // 4, 32)}
-    for name, t in (("qwen3_moe", 2), ("mixtral", 4)):
-        c = MODELS[name]
-        b, text, coll = decode_collectives(llms[name, t, False, 1])
+    i = c.expert_intermediate_size
+    assert {s.data.shape for s in mlp["down_proj"].addressable_shards} == {(c.num_experts, i // 4, c.hidden_size)}
+    for t in (2, 4):
+        b, text, coll = decode_collectives(llms[t, False, 1])
         assert set(coll) == {"all-reduce"}, coll
         assert coll["all-reduce"].count == 2 * c.num_layers, coll
         assert coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
         print(f"hlo {name} T={t} experts split on I, decode B={b}: {coll}", flush=True)
 
 
-def check_quantized(cases):
+def check_quantized(cases, float_llms):
     """Quantized once on the host, then split: T=2 gives the one-device quantized model's tokens (greedy and
     seeded) and log-probs within float rounding (the row-parallel sums add in another order); codes and block
-    scales split as their float kernel, tensor scales whole; the same all-reduces as in float; a K split inside a
-    scale block is an error naming the layer. ``cases``: (model, format) pairs."""
+    scales split as their float kernel, tensor scales whole; the decode step's collectives those of the float
+    model at T=2 (``float_llms``: engines by name): the matmul runs per shard, no weight is gathered, whichever
+    kernel (``quant_impl="pallas"``: the Pallas kernel, interpreted); a K split inside a scale block is an error
+    naming the layer. ``cases``: (model, format, quant_impl) triples."""
     logged = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
-    for name, fmt in cases:
-        one, two = make(name, quantization=fmt), make(name, t=2, quantization=fmt)
+    for name, fmt, impl in cases:
+        one, two = (make(name, t=t, quantization=fmt, quant_impl=impl) for t in (1, 2))
         want, got = one.generate(PROMPTS, logged, use_tqdm=False), two.generate(PROMPTS, logged, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want], fmt
         err = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
@@ -134,7 +154,8 @@ def check_quantized(cases):
         b, text, coll = decode_collectives(two)
         c = MODELS[name]
         assert set(coll) == {"all-reduce"} and coll["all-reduce"].bytes == 2 * c.num_layers * b * c.hidden_size * 4, coll
-        print(f"{fmt} {name} T=2: tokens equal, log-probs within {err:.1e}; {coll}", flush=True)
+        assert coll == decode_collectives(float_llms[name])[2], coll
+        print(f"{fmt} ({impl}) {name} T=2: tokens equal, log-probs within {err:.1e}; as in float: {coll}", flush=True)
     try:
         make("llama", t=2, quantization="mxfp4")
         raise AssertionError("an MXFP4 o_proj split inside its block was accepted")
@@ -144,18 +165,40 @@ def check_quantized(cases):
     print("quantized: an MXFP4 split inside a block is refused by name", flush=True)
 
 
-def check_speculative(methods, seeded: bool):
+def check_w4a4_matmul():
+    """NVFP4 W4A4 emulation per shard at T=2 equals one device: column-parallel (x whole on every shard) and
+    row-parallel (x quantized over its whole amax, though each shard holds half of it), reference and Pallas."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jaxserve.parallel.layout import make_layout
+    from jaxserve.quant import MatmulSettings, quantized_matmul
+    from jaxserve.quant.sharded import sharded_quantized_matmul
+    from pallas_kernels.fp4 import quantize
+    kx, kw = jax.random.split(jax.random.key(7))
+    x = jax.random.normal(kx, (5, 64)) * jnp.where(jnp.arange(64) < 32, 1.0, 8.0)  # each half its own amax
+    w = quantize(jax.random.normal(kw, (64, 48)), "nvfp4", axis=0)
+    layout = make_layout(MODELS["llama"], 2)
+    for impl in ("reference", "pallas"):
+        settings = MatmulSettings(impl, w4a4=True)
+        want = np.asarray(quantized_matmul(x, w, settings))
+        for layer in ("o_proj", "q_proj"):
+            run = jax.jit(lambda x, w: sharded_quantized_matmul(x, w, settings, layout, f"layers_0/attn/{layer}/kernel"))
+            got = np.asarray(run(x, w))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max(), err_msg=f"{impl} {layer}")
+    print("nvfp4 W4A4 matmul per shard (row- and column-parallel, reference and Pallas) equals one device", flush=True)
+
+
+def check_speculative(methods, plain):
     """Speculative decoding with the target split over T=2 (the proposer and a draft's pool replicated): greedy
-    outputs equal the plain one-device ones, seeded ones (``seeded``) the one-device speculative engine's."""
-    plain = tokens(make("llama"), GREEDY)
+    outputs equal the plain one-device ones (``plain``), seeded ones the one-device speculative engine's."""
     for method in methods:
         two = make_spec(method, t=2)
         assert tokens(two, GREEDY) == plain, method
-        assert not seeded or tokens(two, SEEDED) == tokens(make_spec(method), SEEDED), method
+        assert tokens(two, SEEDED) == tokens(make_spec(method), SEEDED), method
         r = two.engine.runner
         assert spec(r.pool.layers[0].v) == (None, None, "tensor"), method
         assert r.draft_pool is None or spec(r.draft_pool.layers[0].k) == (), method
-        print(f"speculative {method} T=2: greedy outputs equal{', seeded too' if seeded else ''}", flush=True)
+        print(f"speculative {method} T=2: greedy outputs equal, seeded too", flush=True)
 
 
 def check_preemption_and_prefix_cache():
@@ -167,7 +210,7 @@ def check_preemption_and_prefix_cache():
     assert tokens(small, long) == ref and small.stats()["num_preemptions"] > 0, small.stats()
     shared = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] + p for p in ([8], [9, 7])]
     want = tokens(make("llama", enable_prefix_caching=False), GREEDY, shared)
-    cached = make("llama", t=2)
+    cached = make("llama", t=2)  # a fresh engine (its cache empty), the grid's compiled programs
     assert tokens(cached, GREEDY, shared[:1]) + tokens(cached, GREEDY, shared[1:]) == want
     assert cached.stats()["prefix_cache_hit_rate"] > 0, cached.stats()
     forked = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2, ignore_eos=True)  # copy-on-write copies
@@ -175,37 +218,57 @@ def check_preemption_and_prefix_cache():
     print("TP: preemption, prefix caching and forked samples give the one-device outputs", flush=True)
 
 
-def check_pallas():
-    """The Pallas kernels (interpret mode) per shard: one prompt, few tokens."""
+def check_attention_impls():
+    """The Pallas kernels (interpret mode) and the reference attention per shard: one prompt, few tokens."""
     sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     want = tokens(make("llama"), sp, PROMPTS[:1])
-    assert tokens(make("llama", t=2, attention_impl="pallas"), sp, PROMPTS[:1]) == want
-    print("pallas T=2: outputs equal", flush=True)
+    for impl in ("pallas", "reference"):
+        assert tokens(make("llama", t=2, attention_impl=impl), sp, PROMPTS[:1]) == want, impl
+        print(f"attention_impl={impl} T=2: outputs equal", flush=True)
 
 
-def main(grid: bool):
-    if grid:
-        check_grid(["llama", "qwen3_moe", "mixtral"], GRID)
-        check_quantized([("llama", "fp8"), ("llama_d16", "mxfp4")])
-        check_speculative(["ngram", "suffix", "medusa"], seeded=True)
-        for name in ("qwen3_moe", "mixtral"):  # quantized attention beside float experts, split on I or over devices
-            want = tokens(make(name, quantization="nvfp4"), GREEDY)
-            for t, ep, d in ((2, False, 1), (2, True, 2)):
-                assert tokens(make(name, t, ep, d, quantization="nvfp4"), GREEDY) == want, (name, t, ep, d)
-                print(f"nvfp4 {name} T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
-    else:
-        check_grid(["llama"], [(1, False, 1), (2, False, 1)])
-        llms = check_grid(["qwen3_moe"], [(1, False, 1), (2, False, 1), (2, True, 2)])  # T=4 in the --grid run
-        llms |= check_grid(["mixtral"], [(1, False, 1), (4, False, 1)])  # T=2 in the --grid run
-        check_shardings()
-        check_moe_tensor_parallel(llms)
-        check_quantized([("llama", "nvfp4")])  # fp8 and mxfp4 in the --grid run
-        check_speculative(["draft_model"], seeded=True)  # n-gram, suffix and Medusa in the --grid run
-        check_hlo()
-        check_preemption_and_prefix_cache()
-        check_pallas()
+def check_quantized_moe(name: str):
+    """NVFP4 attention beside float experts, the experts split on I (T=2) or over devices (EP, D=2): greedy
+    outputs equal the one-device quantized model's."""
+    want = tokens(make(name, quantization="nvfp4"), GREEDY)
+    for t, ep, d in ((2, False, 1), (2, True, 2)):
+        assert tokens(make(name, t, ep, d, quantization="nvfp4"), GREEDY) == want, (name, t, ep, d)
+        print(f"nvfp4 {name} T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
+
+
+def check_llama():
+    llms = check_grid("llama")
+    check_shardings(llms[4, False, 1])
+    check_hlo(llms)
+    check_preemption_and_prefix_cache()
+    check_attention_impls()
+    check_w4a4_matmul()
+    check_quantized([("llama", "nvfp4", "pallas"), ("llama", "fp8", "auto"), ("llama_d16", "mxfp4", "auto")],
+                    {"llama": llms[2, False, 1], "llama_d16": make("llama_d16", t=2)})
+    check_speculative(["draft_model", "ngram", "suffix", "medusa"], tokens(llms[1, False, 1], GREEDY))
+
+
+def check_qwen3_moe():
+    llms = check_grid("qwen3_moe")
+    check_expert_shardings(llms[2, True, 2])
+    check_expert_hlo(llms)
+    check_moe_tensor_parallel("qwen3_moe", llms)
+    check_quantized_moe("qwen3_moe")
+
+
+def check_mixtral():
+    llms = check_grid("mixtral")
+    check_moe_tensor_parallel("mixtral", llms)
+    check_quantized_moe("mixtral")
+
+
+PARTS = {"llama": check_llama, "qwen3_moe": check_qwen3_moe, "mixtral": check_mixtral}
+
+
+def main(part: str):
+    PARTS[part]()
     print("OK")
 
 
 if __name__ == "__main__":
-    main("--grid" in sys.argv)
+    main(sys.argv[1])

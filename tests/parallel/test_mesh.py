@@ -31,11 +31,14 @@ def run_check(*args, timeout=600):
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-4000:]
 
 
-def test_mesh_layouts_on_8_devices():
-    """TP 2 and EP over data x tensor equal one device (greedy and seeded); Qwen3-MoE and Mixtral with experts
-    split on I at T=2 and T=4; shardings; HLO collectives; preemption and prefix caching under TP; the Pallas
-    kernels per shard; NVFP4 weights and a draft model's speculative decoding at T=2."""
-    run_check()
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "mixtral"])
+def test_mesh_layouts_on_8_devices(family):
+    """Each family over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2) (EP for the MoE
+    models) equals one device, greedy and seeded; shardings and the decode step's HLO collectives per layout.
+    Llama: preemption and prefix caching under TP, Pallas and reference attention per shard, NVFP4 (the Pallas
+    matmul per shard, the float model's collectives), FP8 and MXFP4 weights, and every speculative method at T=2.
+    The MoE models: experts split on I at T=2 and T=4, NVFP4 attention beside them at T=2 and EP."""
+    run_check(family)
 
 
 def test_two_processes_serve_one_model():
@@ -54,13 +57,6 @@ def test_two_processes_serve_one_model():
                 p.kill()
     for i, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"process {i}: tensor- and expert-parallel over 2" in out, out[-3000:]
-
-
-@pytest.mark.slow
-def test_mesh_grid_on_8_devices():
-    """Llama, Qwen3-MoE and Mixtral over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2);
-    FP8 and MXFP4 weights, n-gram, suffix and Medusa speculative decoding at T=2; NVFP4 MoE models at T=2 and EP."""
-    run_check("--grid", timeout=1800)
 
 
 def llm(**kw):
