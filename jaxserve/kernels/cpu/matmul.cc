@@ -4,7 +4,8 @@
 //   jaxserve_bf16_matmul_nk:  y f32[M, N] = x f32[M, K] @ e bf16[N, K]^T        (a tied embedding)
 //   jaxserve_fp4_matmul_kn:   y f32[M, N] = x f32[M, K] @ dequant(w)             (nvfp4 / mxfp4)
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
-//       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[].
+//       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
+//       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
 // (a 16-bit shift), FP4 codes are decoded with a 16-entry table (vpermps) and multiplied by
@@ -143,10 +144,11 @@ void bf16_kn_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* w,
 }
 
 // Rows of x in groups of up to 4 over one chunk (the chunk's weights stay in L1/L2 between groups).
-template <class Tile>
+template <int G = 4, class Tile>
 void rows_in_groups(int64_t M, const Tile& tile) {
+  static_assert(G == 2 || G == 4);
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile(m, std::integral_constant<int, 4>());
+  for (; m + G <= M; m += G) tile(m, std::integral_constant<int, G>());
   switch (M - m) {
     case 3: tile(m, std::integral_constant<int, 3>()); break;
     case 2: tile(m, std::integral_constant<int, 2>()); break;
@@ -268,10 +270,54 @@ void fp4_kn_tile(const float* x, int64_t K, const uint8_t* codes, const uint8_t*
     for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
 }
 
+// x as bf16 pairs (exact for bf16 activations): a packed row r holds the pair (2r, 2r+1) of each column, so
+// one dword lane c | c << 12 indexes both nibbles' bf16 values with one vpermw (the word index reads 5
+// bits: the table repeats its 16 entries). Products summed per block by vdpbf16ps, then scaled.
+template <int MT, int NW>
+void fp4_kn_tile_bf16(const uint32_t* xp, int64_t Kp2, int64_t K, const uint8_t* codes, const uint8_t* scales,
+                      int64_t bs, const float* scale_lut, int64_t N, float* y, int64_t n0) {
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &kE2M1[i % 16], 4);
+    table[i] = uint16_t(u >> 16);  // E2M1 values are exact in bf16
+  }
+  const __m512i lut = _mm512_load_si512(table);
+  __m512 acc[MT][NW];
+  __mmask16 mask[NW];
+  for (int j = 0; j < NW; ++j) mask[j] = tail_mask(N - n0 - 16 * j);
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < K / bs; ++b) {
+    __m512 blk[MT][NW];
+    for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < NW; ++j) blk[i][j] = _mm512_setzero_ps();
+    for (int64_t r = b * bs / 2; r < (b + 1) * bs / 2; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + (r + 16) * N + n0), _MM_HINT_T0);
+      __m512bh w[NW];
+      for (int j = 0; j < NW; ++j) {
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], codes + r * N + n0 + 16 * j));
+        w[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_or_si512(c, _mm512_slli_epi32(c, 12)), lut);
+      }
+      for (int i = 0; i < MT; ++i) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[i * Kp2 + r]));
+        for (int j = 0; j < NW; ++j) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], w[j], xb);
+      }
+    }
+    for (int j = 0; j < NW; ++j) {
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], scales + b * N + n0 + 16 * j));
+      const __m512 sc = _mm512_i32gather_ps(idx, scale_lut, 4);
+      for (int i = 0; i < MT; ++i) acc[i][j] = _mm512_fmadd_ps(blk[i][j], sc, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
+}
+
 ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
                        ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
                        ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind,
-                       int64_t threads) {
+                       int64_t x_bf16, int64_t threads) {
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[1];
   if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[0] * 2 != K ||
       scales.dimensions()[0] * block_size != K || scales.dimensions()[1] != N)
@@ -284,6 +330,17 @@ ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Bu
   const uint8_t* cp = codes.typed_data();
   const uint8_t* sp = scales.typed_data();
   float* yp = y->typed_data();
+  if (x_bf16) {
+    int64_t Kp;
+    const std::vector<uint32_t> xb = x_bf16_pairs(xp, M, K, &Kp);
+    parallel_chunks(pool, (N + 63) / 64, threads, [&](int64_t c) {
+      rows_in_groups<2>(M, [&](int64_t m, auto mt) {
+        fp4_kn_tile_bf16<decltype(mt)::value, 4>(xb.data() + m * Kp / 2, Kp / 2, K, cp, sp, block_size, lut, N,
+                                                 yp + m * N, c * 64);
+      });
+    });
+    return ffi::Error::Success();
+  }
   parallel_chunks(pool, (N + 63) / 64, threads, [&](int64_t c) {
     rows_in_groups(M, [&](int64_t m, auto mt) {
       fp4_kn_tile<decltype(mt)::value, 4>(xp + m * K, K, cp, sp, block_size, lut, N, yp + m * N, c * 64);
@@ -326,4 +383,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_matmul_kn, Fp4MatmulKn,
                                   .Ret<F32Matrix>()
                                   .Attr<int64_t>("block_size")
                                   .Attr<int64_t>("scale_kind")
+                                  .Attr<int64_t>("x_bf16")
                                   .Attr<int64_t>("threads"));

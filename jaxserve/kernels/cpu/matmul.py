@@ -98,8 +98,9 @@ def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
 def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
     """x f32/bf16/f16[..., K] @ w (QuantizedTensor, fmt nvfp4/mxfp4, shape [K, N], axis 0) -> out_dtype[..., N].
 
-    The weight is decoded to exactly the float32 values ``dequantize(w)`` gives; sums in float32
-    (``fp4_matmul_reference`` up to summation order). out_dtype defaults to x's dtype."""
+    The weight is decoded to exactly the values ``dequantize(w)`` gives; sums in float32
+    (``fp4_matmul_reference`` up to summation order: float32 x multiplies the dequantized weight; bf16 x
+    is summed per block with exact bf16 products, then scaled). out_dtype defaults to x's dtype."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)
     if not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS:
@@ -119,5 +120,5 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
                             vmap_method="sequential")
     y = call(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w.data, scales,
              jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
-             scale_kind=FP4_FORMATS[w.fmt], threads=threads or default_threads())
+             scale_kind=FP4_FORMATS[w.fmt], x_bf16=int(x.dtype == jnp.bfloat16), threads=threads or default_threads())
     return y.reshape(*x.shape[:-1], w.shape[1]).astype(out_dtype or x.dtype)
