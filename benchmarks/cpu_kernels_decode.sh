@@ -6,7 +6,7 @@
 set -euo pipefail
 out=${1:?usage: $0 OUTDIR [ROUNDS]}; rounds=${2:-1}
 mkdir -p "$out"
-configs=("bfloat16:" "bfloat16:engine.quantization=nvfp4" "bfloat16:engine.quantization=mxfp4" "float32:")
+configs=("bfloat16:" "bfloat16:engine.quantization=nvfp4" "bfloat16:engine.quantization=mxfp4")
 for r in $(seq 1 "$rounds"); do
   for cfg in "${configs[@]}"; do
     dtype=${cfg%%:*}; quant=${cfg#*:}

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -59,7 +60,11 @@ void parallel_chunks(ffi::ThreadPool& pool, int64_t n, int64_t threads, const Bo
     body(c);
     progress->done.fetch_add(1, std::memory_order_release);
   }
-  while (progress->done.load(std::memory_order_acquire) < n) _mm_pause();
+  // A helper may have been descheduled mid-chunk (a busy machine): spin briefly, then give the core away.
+  for (int spins = 0; progress->done.load(std::memory_order_acquire) < n; ++spins) {
+    if (spins < 4096) _mm_pause();
+    else std::this_thread::yield();
+  }
 }
 
 inline __mmask16 tail_mask(int64_t left) {
