@@ -3,9 +3,13 @@ the gated MLP. Below both ``jaxserve.models`` and ``jaxserve.moe`` (the MoE bloc
 from ``SwiGLU``), so neither package imports the other for them."""
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+_CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that module may build a library)
 
 
 def dot_via(matmul_dtype):
@@ -21,10 +25,16 @@ def dot_via(matmul_dtype):
     every engine step (a loop hoists it). Batch-1 decoding on the 2-core Zen 4, one process alternating:
     a plain engine 554.7 ms (float32) / 753.5 (one row) / 467.6 (two rows); while-loop target-only
     537.0 / 615.5 / 433.4 ms (`git show f5419a8:benchmarks/RESULTS.md`, "bfloat16 matmuls").
+
+    On CPU, with bfloat16 operands, up to 16 rows (decoding) go to ``jaxserve.kernels.cpu.bf16_matmul``
+    instead (an XLA FFI call reading the bf16 kernel as stored, the same operands and float32 sums;
+    ``JAXSERVE_CPU_KERNELS=0`` turns it off); more rows keep XLA's dot.
     """
     def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
         del preferred_element_type
         out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+        if jnp.dtype(matmul_dtype) == jnp.bfloat16 and _cpu_kernel_rows(lhs, rhs, dimension_numbers):
+            return _cpu_bf16_matmul(lhs, rhs.astype(jnp.bfloat16), False).astype(out_dtype)
         rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
         if rows == 1:
             lhs = jnp.concatenate([lhs, lhs])
@@ -32,6 +42,37 @@ def dot_via(matmul_dtype):
                                   preferred_element_type=jnp.float32)
         return (out[:1] if rows == 1 else out).astype(out_dtype)
     return dot_general
+
+
+def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0) -> bool:
+    """Whether ``lhs[..., K] @ rhs`` (rhs [K, N], or [N, K] for k_axis=1) goes to the CPU kernel: few rows
+    (decoding; ``jaxserve.kernels.cpu.MAX_ROWS``), a plain 2-D weight, and the kernels usable here."""
+    if rhs.ndim != 2 or lhs.ndim < 1 or dimension_numbers != (((lhs.ndim - 1,), (k_axis,)), ((), ())):
+        return False
+    rows = math.prod(lhs.shape[:-1])
+    if not 0 < rows <= _CPU_MAX_ROWS:
+        return False
+    from jaxserve.kernels import cpu  # imported on first use: it may build the library
+    return cpu.usable()
+
+
+def _cpu_bf16_matmul(x, w_bf16, transpose_w: bool):
+    """x[..., K] rounded to bf16 (the operands XLA's bf16 dot multiplies) @ w -> f32[..., N], float32 sums."""
+    from jaxserve.kernels.cpu import bf16_matmul
+    n = w_bf16.shape[0] if transpose_w else w_bf16.shape[1]
+    y = bf16_matmul(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), w_bf16, transpose_w=transpose_w)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
+    """``embed.attend(x)``: x[..., E] @ embedding[V, E]^T in the embedding's dtype; a few rows of a bf16
+    embedding go to the CPU kernel (as ``dot_via``'s dense layers do), which reads it without a
+    float32 copy."""
+    e = embed.embedding
+    if e.dtype == jnp.bfloat16 == jnp.dtype(embed.dtype) and _cpu_kernel_rows(x, e, (((x.ndim - 1,), (1,)), ((), ())),
+                                                                              k_axis=1):
+        return _cpu_bf16_matmul(x, e, True).astype(embed.dtype)
+    return embed.attend(x)
 
 
 def dense(features: int, dtype, name: str, *, matmul_dtype=None, bias: bool = False,

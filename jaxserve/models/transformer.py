@@ -29,7 +29,7 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq
+from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq, tied_logits
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -133,7 +133,7 @@ class Transformer(nn.Module):
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
-        logits = embed.attend(x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
+        logits = tied_logits(embed, x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
         logits = logits.astype(jnp.float32)
         if c.final_logit_softcap is not None:
             logits = c.final_logit_softcap * jnp.tanh(logits / c.final_logit_softcap)

@@ -7,8 +7,10 @@
     jax.jit(quantized_apply(forward_full, "pallas"), static_argnums=1)(qparams, config, tokens)
 
 Defaults keep ``embed``, ``lm_head`` and MoE routers in float; MoE expert banks are not Dense
-kernels and stay in float. ``impl="auto"`` runs the Pallas kernel on GPU/TPU and the dequantize-
-then-dot reference on CPU (as ``attention_impl`` does); fp8 and int4 always take the reference path.
+kernels and stay in float. ``impl="auto"`` runs the Pallas kernel on GPU/TPU; on CPU, for up to 16
+rows (decoding), the AVX-512 FFI kernel ``jaxserve.kernels.cpu.fp4_matmul_cpu`` where it can be built
+(``JAXSERVE_CPU_KERNELS=0``: off), else the dequantize-then-dot reference; fp8 and int4 always take the
+reference path.
 On a Hopper GPU "auto"/"pallas" run the Mosaic GPU kernel where it applies (``matmul.kernel_for``).
 
 Plugging into the engine (``LLM(..., quantization="nvfp4")``):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import threading
 
 import flax.linen as nn
@@ -32,6 +33,7 @@ from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_mosaic, f
 
 IMPLS = ("auto", "pallas", "mosaic", "reference")
 KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
+_CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS: more rows of x keep the dequantize-then-dot reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +52,15 @@ class MatmulSettings:
 
 
 def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: str | None = None,
-               hopper: bool | None = None) -> str:
-    """Which matmul ``quantized_matmul`` runs: "mosaic" | "triton" | "portable" | "reference".
+               hopper: bool | None = None, cpu_kernel: bool | None = None) -> str:
+    """Which matmul ``quantized_matmul`` runs: "cpu" | "mosaic" | "triton" | "portable" | "reference".
 
     - "reference" (dequantize, then a float32 dot): impl="reference", fp8/int4 weights under any impl,
-      and impl="auto" on CPU.
+      and impl="auto" on CPU where the CPU kernel is not usable (or W4A4 is asked for).
+    - "cpu" (``jaxserve.kernels.cpu.fp4_matmul_cpu``, an AVX-512 XLA FFI call that decodes the packed
+      weight in registers): impl="auto" on CPU when ``cpu_kernel`` (default: ``jaxserve.kernels.cpu.usable()``,
+      off with ``JAXSERVE_CPU_KERNELS=0``); ``quantized_matmul`` uses it for up to 16 rows of x (decoding)
+      and the reference for more.
     - "mosaic" (``fp4_matmul_mosaic``, Mosaic GPU; its CPU interpreter off a GPU): impl="mosaic"; and
       impl="pallas"/"auto" on a Hopper GPU wherever the Mosaic kernel computes what was asked: bf16
       products (x in bf16, where they are exact, or precision="bfloat16"), no W4A4 emulation, no
@@ -70,7 +76,12 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
     if settings.impl == "mosaic":
         return "mosaic"
     if backend == "cpu":
-        return "reference" if settings.impl == "auto" else "portable"
+        if settings.impl != "auto":
+            return "portable"
+        if cpu_kernel is None:
+            from jaxserve.kernels import cpu
+            cpu_kernel = cpu.usable()
+        return "cpu" if cpu_kernel and not settings.w4a4 and not settings.interpret else "reference"
     if settings.interpret:
         return "portable"
     hopper = _compat.is_hopper_gpu() if hopper is None else hopper
@@ -85,11 +96,16 @@ def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings 
     """x[..., K] (f32/bf16/f16) @ w[K, N] (QuantizedTensor along K) -> out_dtype[..., N] (default x.dtype).
 
     The kernel is chosen by ``kernel_for``: on a Hopper GPU "pallas"/"auto" run the Mosaic GPU kernel
-    where it applies, else the portable (Triton) one; on CPU behaviour is that of the portable kernel.
+    where it applies, else the portable (Triton) one; on CPU "auto" runs the AVX-512 FFI kernel for a
+    few rows (decoding) where it is usable, else the reference.
     """
     if settings.w4a4 and w.fmt not in KERNEL_FORMATS:
         raise ValueError(f"w4a4 emulation applies to {KERNEL_FORMATS} weights, got fmt={w.fmt!r}")
-    kernel = kernel_for(jnp.asarray(x).dtype, w, settings)
+    x = jnp.asarray(x)
+    kernel = kernel_for(x.dtype, w, settings)
+    if kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and math.prod(x.shape[:-1]) <= _CPU_MAX_ROWS:
+        from jaxserve.kernels.cpu import fp4_matmul_cpu
+        return fp4_matmul_cpu(x, w, out_dtype=out_dtype)
     if kernel == "mosaic":
         return fp4_matmul_mosaic(x, w, out_dtype=out_dtype)
     if kernel in ("triton", "portable"):

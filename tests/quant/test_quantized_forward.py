@@ -81,7 +81,7 @@ BF16, F32 = jnp.bfloat16, jnp.float32
 
 
 @pytest.mark.parametrize("x_dtype, settings, backend, hopper, kernel", [
-    (BF16, MatmulSettings("auto"), "cpu", False, "reference"),            # CPU as before
+    (BF16, MatmulSettings("auto"), "cpu", False, "reference"),            # CPU without the FFI kernel
     (BF16, MatmulSettings("pallas"), "cpu", False, "portable"),
     (BF16, MatmulSettings("mosaic"), "cpu", False, "mosaic"),             # the interpreter
     (BF16, MatmulSettings("auto"), "gpu", True, "mosaic"),                # Hopper: Mosaic where it applies
@@ -95,7 +95,19 @@ BF16, F32 = jnp.bfloat16, jnp.float32
 ])
 def test_kernel_for_picks_mosaic_on_hopper_where_it_applies(nvfp4_params, x_dtype, settings, backend, hopper, kernel):
     w = nvfp4_params["layers_0"]["mlp"]["up_proj"]["kernel"]
-    assert kernel_for(x_dtype, w, settings, backend=backend, hopper=hopper) == kernel
+    assert kernel_for(x_dtype, w, settings, backend=backend, hopper=hopper, cpu_kernel=False) == kernel
+
+
+@pytest.mark.parametrize("settings, kernel", [
+    (MatmulSettings("auto"), "cpu"),                                      # the AVX-512 FFI kernel
+    (MatmulSettings("auto", w4a4=True), "reference"),                     # it has no W4A4 emulation
+    (MatmulSettings("pallas"), "portable"),
+    (MatmulSettings("reference"), "reference"),
+])
+def test_kernel_for_picks_the_cpu_kernel_under_auto_where_usable(nvfp4_params, settings, kernel):
+    w = nvfp4_params["layers_0"]["mlp"]["up_proj"]["kernel"]
+    assert kernel_for(BF16, w, settings, backend="cpu", cpu_kernel=True) == kernel
+    assert kernel_for(BF16, w, settings, backend="cpu", cpu_kernel=False) == kernel.replace("cpu", "reference")
 
 
 def test_fp8_weights_take_the_reference_path_under_every_impl(params):

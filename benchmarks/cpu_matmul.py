@@ -1,0 +1,99 @@
+"""Weight-streaming speed of the CPU FFI matmuls (jaxserve/kernels/cpu) against XLA's dot, on SmolLM2's shapes.
+
+    python benchmarks/cpu_matmul.py [--m 1,2,16] [--threads 1,2] [--iters 15] [--out cpu_matmul.json]
+
+Each timed call runs one matmul over R distinct weights in a chain (R x weight bytes >= 96 MB, more
+than the L3), as a decode step runs 30 layers' weights, so the weights come from memory, not cache.
+Reported: median microseconds per matmul and the weight bytes read per second (GB/s).
+Paths: xla_f32 (float32 weights, XLA's dot), xla_bf16 (``jaxserve.layers.dot_via(bfloat16)``: what a bf16
+model runs without the kernel), kernel_bf16_t<threads>, and with --fp4: xla_<fmt> (dequantize, then dot:
+``fp4_matmul_reference``) and kernel_<fmt>_t<threads>.
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+os.environ.setdefault("JAXSERVE_CPU_KERNELS", "1")
+from jaxserve.kernels.cpu import matmul as cpu  # noqa: E402
+from jaxserve.layers import dot_via  # noqa: E402
+from pallas_kernels.fp4 import fp4_matmul_reference, quantize  # noqa: E402
+
+SHAPES = {"q/o [576,576]": (576, 576), "k/v [576,192]": (576, 192), "gate/up [576,1536]": (576, 1536),
+          "down [1536,576]": (1536, 576), "tied head [49152,576]^T": (576, 49152)}
+DN = (((1,), (0,)), ((), ()))
+
+
+def chain(mm):
+    """One jitted call applying mm(x, w_r) for every weight, each x depending on the last output."""
+    def run(x, ws):
+        for w in ws:
+            y = mm(x, w)
+            x = x + 0.0 * y[:, :1].astype(x.dtype)
+        return x
+    return jax.jit(run)
+
+
+def timed(fn, x, ws, iters):
+    jax.block_until_ready(fn(x, ws))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(x, ws))
+        times.append(time.perf_counter() - t)
+    return np.median(times) / len(ws), min(times) / len(ws), max(times) / len(ws)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="1,16")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--iters", type=int, default=15)
+    ap.add_argument("--fp4", default="nvfp4,mxfp4")
+    ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    assert cpu.usable(), "CPU kernels unavailable"
+    rng = np.random.default_rng(0)
+    rows, names = [], list(SHAPES)
+    for si in map(int, a.shapes.split(",")):
+        name = names[si]
+        k, n = SHAPES[name]
+        head = "head" in name
+        reps = max(2, min(150, math.ceil(96e6 / (2 * k * n))))
+        wf = [jnp.asarray(rng.standard_normal((n, k) if head else (k, n)) * 0.02, jnp.float32) for _ in range(reps)]
+        wb = [w.astype(jnp.bfloat16) for w in wf]
+        paths = {"xla_f32": (wf, lambda x, w: jnp.dot(x, w.T if head else w), 4),
+                 "xla_bf16": (wb, lambda x, w: dot_via(jnp.bfloat16)(x.astype(jnp.bfloat16), w.T if head else w,
+                                                                     DN), 2)}
+        for t in map(int, a.threads.split(",")):
+            paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
+        if not head and a.fp4:
+            for fmt in a.fp4.split(","):
+                wq = [quantize(w, fmt, axis=0) for w in wf]
+                nb = wq[0].nbytes
+                paths[f"xla_{fmt}"] = (wq, lambda x, w: fp4_matmul_reference(x, w), nb / (k * n))
+                for t in map(int, a.threads.split(",")):
+                    paths[f"kernel_{fmt}_t{t}"] = (wq, lambda x, w, t=t: cpu.fp4_matmul_cpu(x, w, threads=t),
+                                                   nb / (k * n))
+        for m in map(int, a.m.split(",")):
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            for path, (ws, mm, bpw) in paths.items():
+                med, lo, hi = timed(chain(mm), x, ws, a.iters)
+                gbs = bpw * k * n / med / 1e9
+                rows.append(dict(shape=name, m=m, path=path, us=med * 1e6, us_min=lo * 1e6, us_max=hi * 1e6,
+                                 weight_gb_s=gbs))
+                print(f"{name:26s} M={m:<3d} {path:18s} {med * 1e6:9.1f} us  [{lo * 1e6:.1f}-{hi * 1e6:.1f}]"
+                      f"  {gbs:6.1f} GB/s", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"load": os.getloadavg(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Compiling ``matmul.cc`` once per machine and registering its handlers as XLA FFI targets.
+
+The shared library is built on first use with the system C++ compiler against the jaxlib headers
+(``jax.ffi.include_dir()``), ``-O3 -march=native``, into
+``$JAXSERVE_CACHE_DIR`` (default ``~/.cache/jaxserve``) ``/cpu_kernels/<key>/``, the key hashing the
+source, the jaxlib version, the compiler, the flags and the CPU's feature flags, so that an upgrade,
+an edit or another machine sharing the home directory gets its own build. A build is written to a
+temporary name and renamed into place: concurrent processes (pytest -n 2) never load half a file.
+
+Anything missing (not Linux/x86 with AVX-512, no compiler, a failed build or load) makes ``load()``
+return None after one logged warning; callers then keep XLA's dot.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("matmul.cc")
+TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_fp4_matmul_kn")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags /proc/cpuinfo reports (empty off Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def compiler() -> str | None:
+    """The C++ compiler: $CXX, else the first of g++, c++, clang++ on PATH."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return next((p for p in map(shutil.which, ("g++", "c++", "clang++")) if p), None)
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot be built here, or None when they can be tried."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if compiler() is None:
+        return "no C++ compiler (g++, c++, clang++ or $CXX) on PATH"
+    return None
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("JAXSERVE_CACHE_DIR", Path.home() / ".cache" / "jaxserve")) / "cpu_kernels"
+
+
+def _build_key(cxx: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (_jaxlib_version(), cxx, version, " ".join(FLAGS), " ".join(sorted(cpu_flags()))):
+        h.update(b"\0" + str(part).encode())
+    return h.hexdigest()[:20]
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+    return getattr(jaxlib, "__version__", "") or getattr(getattr(jaxlib, "version", None), "__version__", "")
+
+
+def build() -> Path:
+    """The compiled library's path, compiling it first if this machine's cache lacks it."""
+    cxx = compiler()
+    out_dir = _cache_root() / _build_key(cxx)
+    lib = out_dir / "jaxserve_cpu_matmul.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL | None:
+    """Build (once), load and register the FFI targets; None, with one warning, where that fails."""
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            lib = ctypes.CDLL(str(build()))
+            for name in TARGETS:
+                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+            return lib
+        except Exception as e:  # noqa: BLE001 - any failure means: keep XLA's dot
+            reason = f"{type(e).__name__}: {e}"
+    log.warning("jaxserve CPU matmul kernels unavailable (%s); using XLA's dot", reason)
+    return None

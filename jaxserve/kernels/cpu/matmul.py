@@ -1,0 +1,124 @@
+"""Weight-only matmuls for decoding on CPU, as XLA FFI custom calls (``matmul.cc``), with references.
+
+M rows, K contracted, N outputs. The kernels read the weights as stored, bf16 or packed FP4 with
+their block scales, and sum in float32; they pay where XLA:CPU's dot does not stream narrow weights
+at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot stays.
+
+- ``bf16_matmul(x f32/bf16[M, K], w bf16[K, N]) -> f32[M, N]``; ``transpose_w=True``: w bf16[N, K]
+  (a tied embedding read as the LM head).
+- ``fp4_matmul_cpu(x [..., K], w QuantizedTensor nvfp4/mxfp4 [K, N] along K) -> [..., N]``.
+
+``usable()`` says whether to route to them at trace time: the CPU backend with one device (XLA
+cannot partition a custom call over a mesh), the library built and loaded (``build.load``), and
+``JAXSERVE_CPU_KERNELS`` not set to 0/off/false. ``JAXSERVE_CPU_KERNEL_THREADS`` caps the threads
+a call uses (default: the CPUs this process may run on). The choice is made when a function is
+traced: a jitted function keeps the path it was traced with.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.kernels.cpu import build
+
+MAX_ROWS = 16
+ENV_SWITCH = "JAXSERVE_CPU_KERNELS"
+ENV_THREADS = "JAXSERVE_CPU_KERNEL_THREADS"
+FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # -> the kernel's scale_kind (E4M3 / E8M0 scale bytes)
+
+
+def enabled() -> bool:
+    """False when ``JAXSERVE_CPU_KERNELS`` is 0, off, false or no."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def usable() -> bool:
+    """Whether traced matmuls should go to the kernels now (see the module docstring)."""
+    return (enabled() and jax.default_backend() == "cpu" and jax.device_count() == 1
+            and build.load() is not None)
+
+
+def default_threads() -> int:
+    if os.environ.get(ENV_THREADS):
+        return max(1, int(os.environ[ENV_THREADS]))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _check_2d(name, x, w, k_axis):
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"{name}: x and w must be 2-D, got x{x.shape} and w{w.shape}")
+    if x.shape[1] != w.shape[k_axis]:
+        raise ValueError(f"{name}: x{x.shape} and w{w.shape} disagree on K")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name}: x must be floating point, got {x.dtype}")
+
+
+def bf16_matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
+    """x f32/bf16/f16[M, K] @ w bf16[K, N] (``transpose_w``: w bf16[N, K]) -> f32[M, N], float32 sums.
+
+    Differentiable (the JVP uses XLA's dot); under vmap the call runs once per batch element."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    _check_2d("bf16_matmul", x, w, 1 if transpose_w else 0)
+    if w.dtype != jnp.bfloat16:
+        raise ValueError(f"bf16_matmul: w must be bfloat16, got {w.dtype}")
+    if build.load() is None:
+        raise RuntimeError("bf16_matmul: the CPU kernels are unavailable (see the logged warning)")
+    return _bf16_matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads())
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _bf16_matmul(x, w, transpose_w, threads):
+    n = w.shape[0] if transpose_w else w.shape[1]
+    target = "jaxserve_bf16_matmul_nk" if transpose_w else "jaxserve_bf16_matmul_kn"
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), vmap_method="sequential")
+    return call(x, w, threads=threads)
+
+
+@_bf16_matmul.defjvp
+def _bf16_matmul_jvp(transpose_w, threads, primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    wf = lambda a: a.astype(jnp.float32).T if transpose_w else a.astype(jnp.float32)  # noqa: E731
+    y = _bf16_matmul(x, w, transpose_w, threads)
+    return y, jnp.dot(dx, wf(w)) + jnp.dot(x, wf(dw))
+
+
+def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
+    """What ``bf16_matmul`` computes, with XLA's dot: float32 operands, float32 result."""
+    w = jnp.asarray(w).astype(jnp.float32)
+    return jnp.dot(jnp.asarray(x).astype(jnp.float32), w.T if transpose_w else w,
+                   precision=jax.lax.Precision.HIGHEST)
+
+
+def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
+    """x f32/bf16/f16[..., K] @ w (QuantizedTensor, fmt nvfp4/mxfp4, shape [K, N], axis 0) -> out_dtype[..., N].
+
+    The weight is decoded to exactly the values ``dequantize(w)`` gives; sums in float32
+    (``fp4_matmul_reference`` up to summation order: float32 x multiplies the dequantized weight; bf16 x
+    is summed per block with exact bf16 products, then scaled). out_dtype defaults to x's dtype."""
+    from pallas_kernels.fp4 import QuantizedTensor
+    x = jnp.asarray(x)
+    if not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS:
+        raise ValueError(f"fp4_matmul_cpu needs an nvfp4/mxfp4 QuantizedTensor, got {getattr(w, 'fmt', type(w))!r}")
+    if len(w.shape) != 2 or w.axis != 0:
+        raise ValueError(f"fp4_matmul_cpu needs a 2-D weight quantized along axis 0, got shape {w.shape} "
+                         f"axis {w.axis}")
+    if x.ndim < 1 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"fp4_matmul_cpu: x{x.shape} does not contract with w{w.shape}")
+    if build.load() is None:
+        raise RuntimeError("fp4_matmul_cpu: the CPU kernels are unavailable (see the logged warning)")
+    scales = w.scales
+    if scales.dtype != jnp.uint8:  # nvfp4 stores float8_e4m3fn; the kernel decodes the raw bytes
+        scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
+    call = jax.ffi.ffi_call("jaxserve_fp4_matmul_kn",
+                            jax.ShapeDtypeStruct((x.size // x.shape[-1], w.shape[1]), jnp.float32),
+                            vmap_method="sequential")
+    y = call(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w.data, scales,
+             jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
+             scale_kind=FP4_FORMATS[w.fmt], x_bf16=int(x.dtype == jnp.bfloat16), threads=threads or default_threads())
+    return y.reshape(*x.shape[:-1], w.shape[1]).astype(out_dtype or x.dtype)

@@ -1,0 +1,72 @@
+"""Models served with the CPU FFI matmuls give what they give with XLA's dot (``JAXSERVE_CPU_KERNELS=0``).
+
+The kernel is chosen when a step is traced, so each comparison clears JAX's caches between the two runs.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxserve.kernels.cpu as cpu_pkg
+from jaxserve import LLM, SamplingParams
+from jaxserve.kernels.cpu import build, matmul as cpu
+from jaxserve.models import forward_full, get_preset, init_params
+
+pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
+                                reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def _run_both(monkeypatch, run, patch_module, name):
+    """run() with the kernel on (counting traced calls of ``patch_module.name``), then off."""
+    calls = []
+    kernel = getattr(patch_module, name)
+    monkeypatch.setattr(patch_module, name, lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    jax.clear_caches()
+    on = run()
+    assert calls, f"{name} was never traced with the kernels on"
+    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
+    jax.clear_caches()
+    n = len(calls)
+    off = run()
+    assert len(calls) == n, f"{name} was traced with JAXSERVE_CPU_KERNELS=0"
+    jax.clear_caches()
+    return on, off
+
+
+def test_bf16_zoo_model_greedy_tokens_equal_with_and_without_kernel(monkeypatch):
+    llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4)
+    prompts = ["def add(a, b):", "class Stack:\n    def push(self, x):"]
+
+    def run():
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    on, off = _run_both(monkeypatch, run, cpu_pkg, "bf16_matmul")
+    assert on == off
+
+
+def test_bf16_tied_head_forward_matches_xla(monkeypatch):
+    config = get_preset("tiny-qwen3").replace(dtype="bfloat16")
+    assert config.tie_word_embeddings
+    params = init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, config.vocab_size)
+    on, off = _run_both(monkeypatch, lambda: jax.jit(forward_full, static_argnums=1)(params, config, tokens),
+                        cpu_pkg, "bf16_matmul")
+    # bf16 activations: each layer rounds its outputs to bf16, so sums in another order may flip a last bit
+    np.testing.assert_allclose(np.asarray(on), np.asarray(off), atol=2e-2 * float(jnp.max(jnp.abs(off))))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.slow)])
+def test_fp4_engine_greedy_tokens_equal_with_and_without_kernel(fmt, monkeypatch):
+    config = get_preset("tiny-llama").replace(max_position_embeddings=128)
+    params = init_params(config, jax.random.key(11))
+    llm = LLM.from_params(config, params, quantization=fmt, quant_impl="auto", block_size=8, max_num_seqs=8,
+                          max_num_batched_tokens=32, num_kv_blocks=32)
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11]]
+
+    def run():
+        outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True),
+                            use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outs], np.concatenate([o.outputs[0].logprobs for o in outs]))
+    (on_tokens, on_lp), (off_tokens, off_lp) = _run_both(monkeypatch, run, cpu_pkg, "fp4_matmul_cpu")
+    assert on_tokens == off_tokens
+    np.testing.assert_allclose(on_lp, off_lp, atol=1e-4)

@@ -1,0 +1,138 @@
+"""The CPU FFI matmuls (jaxserve/kernels/cpu) against XLA's dot and the FP4 reference, and the fallback.
+
+Kernel tests skip where the kernels cannot be built (no compiler, no AVX-512, not x86-64); the
+fallback tests run everywhere.
+"""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.kernels.cpu import build
+from jaxserve.kernels.cpu import matmul as cpu
+from jaxserve.layers import dot_via
+from pallas_kernels.fp4 import fp4_matmul_reference, quantize
+
+needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
+                                   reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
+DN = (((1,), (0,)), ((), ()))
+
+
+def _rel(got, want):
+    """max |got - want| over max |want|."""
+    return float(jnp.max(jnp.abs(got - want)) / jnp.maximum(jnp.max(jnp.abs(want)), 1e-30))
+
+
+# (M, K, N): decode rows, SmolLM2's shapes, odd K and N tails, a K below one vector
+SHAPES = [(1, 576, 576), (2, 576, 192), (3, 101, 37), (4, 64, 1000), (5, 1536, 33), (16, 96, 160), (7, 1, 5),
+          (1, 33, 65)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("m, k, n", SHAPES)
+@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_bf16_matmul_matches_xla_dot(m, k, n, transpose_w, x_dtype):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), x_dtype)
+    w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)), jnp.bfloat16)
+    got = jax.jit(lambda x, w: cpu.bf16_matmul(x, w, transpose_w=transpose_w))(x, w)
+    assert got.dtype == jnp.float32 and got.shape == (m, n)
+    # x is rounded to bf16, as XLA's bf16 dot does: the products are exact, only the summation order differs
+    want = cpu.bf16_matmul_reference(x.astype(jnp.bfloat16), w, transpose_w=transpose_w)
+    assert _rel(got, want) <= 5e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_bf16_matmul_threads_agree(threads):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((3, 200)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((200, 999)), jnp.bfloat16)
+    np.testing.assert_array_equal(cpu.bf16_matmul(x, w, threads=threads), cpu.bf16_matmul(x, w, threads=1))
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (2, 64, 37), (5, 1536, 200), (16, 96, 17), (3, 32, 64)])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
+    rng = np.random.default_rng(k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), x_dtype)
+    w = quantize(jnp.asarray(rng.standard_normal((k, n)) * 0.05, jnp.float32), fmt, axis=0)
+    got = jax.jit(lambda x, w: cpu.fp4_matmul_cpu(x, w, out_dtype=jnp.float32))(x, w)
+    # the kernel decodes to exactly dequantize(w)'s float32 values; only the summation order differs
+    assert _rel(got, fp4_matmul_reference(x, w, out_dtype=jnp.float32)) <= 5e-6
+
+
+@needs_kernels
+def test_fp4_matmul_cpu_leading_axes_and_dtype():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((2, 3, 64)), jnp.bfloat16)
+    w = quantize(jnp.asarray(rng.standard_normal((64, 48)), jnp.float32), "nvfp4", axis=0)
+    got = cpu.fp4_matmul_cpu(x, w)
+    assert got.shape == (2, 3, 48) and got.dtype == jnp.bfloat16
+    want = fp4_matmul_reference(x.reshape(6, 64), w, out_dtype=jnp.float32).reshape(2, 3, 48)
+    assert _rel(got.astype(jnp.float32), want) <= 1e-2  # bf16 output rounding
+
+
+@needs_kernels
+def test_bf16_matmul_grad_and_vmap():
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((2, 40)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((40, 24)), jnp.bfloat16)
+    ref = lambda x, w: cpu.bf16_matmul_reference(x.astype(jnp.bfloat16), w)  # noqa: E731
+    g = jax.grad(lambda x: jnp.sum(cpu.bf16_matmul(x, w) ** 2))(x)
+    g_ref = jax.grad(lambda x: jnp.sum(ref(x, w) ** 2))(x)
+    assert _rel(g, g_ref) <= 1e-2  # the JVP uses float32 x, the primal bf16-rounded x
+    xs = jnp.asarray(rng.standard_normal((3, 2, 40)), jnp.float32)
+    assert _rel(jax.vmap(lambda x: cpu.bf16_matmul(x, w))(xs), jax.vmap(lambda x: ref(x, w))(xs)) <= 5e-6
+
+
+@needs_kernels
+def test_invalid_inputs_raise_value_errors():
+    w = jnp.zeros((8, 4), jnp.bfloat16)
+    with pytest.raises(ValueError, match="disagree on K"):
+        cpu.bf16_matmul(jnp.zeros((1, 7)), w)
+    with pytest.raises(ValueError, match="must be bfloat16"):
+        cpu.bf16_matmul(jnp.zeros((1, 8)), w.astype(jnp.float32))
+    with pytest.raises(ValueError, match="nvfp4/mxfp4"):
+        cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((32, 4)), "fp8", axis=0))
+    with pytest.raises(ValueError, match="axis 0"):
+        cpu.fp4_matmul_cpu(jnp.zeros((1, 4)), quantize(jnp.ones((4, 32)), "nvfp4", axis=1))
+
+
+def _custom_calls(fn, *args):
+    return jax.jit(fn).lower(*args).as_text().count("jaxserve_bf16_matmul")
+
+
+@needs_kernels
+def test_dot_via_routes_few_bf16_rows_to_the_kernel_and_many_to_xla():
+    rng = np.random.default_rng(4)
+    w = jnp.asarray(rng.standard_normal((64, 48)), jnp.bfloat16)
+    dot = lambda x: dot_via(jnp.bfloat16)(x, w, DN)  # noqa: E731
+    few, many = (jnp.asarray(rng.standard_normal((r, 64)), jnp.bfloat16) for r in (cpu.MAX_ROWS, cpu.MAX_ROWS + 1))
+    assert _custom_calls(dot, few) == 1 and _custom_calls(dot, many) == 0
+    want = jax.lax.dot_general(few, w, DN, preferred_element_type=jnp.float32)
+    assert dot(few).dtype == jnp.bfloat16 and _rel(dot(few).astype(jnp.float32), want) <= 1e-2
+
+
+def test_switch_off_keeps_xla_dot(monkeypatch):
+    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
+    assert not cpu.usable()
+    w = jnp.ones((64, 48), jnp.bfloat16)
+    assert _custom_calls(lambda x: dot_via(jnp.bfloat16)(x, w, DN), jnp.ones((1, 64), jnp.bfloat16)) == 0
+
+
+def test_no_compiler_falls_back_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(build.REQUIRED_CPU_FLAGS))
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    assert "no C++ compiler" in build.unavailable_reason()
+    with caplog.at_level(logging.WARNING, logger=build.__name__):
+        assert build.load.__wrapped__() is None
+    assert "using XLA's dot" in caplog.text
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert "lacks avx512f" in build.unavailable_reason()
