@@ -113,6 +113,35 @@ def smollm2_speed():
             "weights read GB/s (jaxserve / HF)", "HF's first 8 tokens = jaxserve's"], rows
 
 
+LOWBIT_RUN = "results/peer_throughput/smollm2_lowbit/results.json"
+LOWBIT_PEER = {16: "llama.cpp@F16", 4: "llama.cpp@Q4_0"}  # the llama.cpp row each weight width is held against
+
+
+def _weight_bits(backend: str, dtype: str) -> int:
+    """16 for a bf16/F16 row, 4 for a 4-bit one (jaxserve@...quantization=nvfp4|mxfp4, llama.cpp@Q4_*)."""
+    return 4 if any(f in backend for f in ("nvfp4", "mxfp4", "int4", "@Q4")) else 16 if dtype != "float32" else 32
+
+
+def smollm2_lowbit():
+    """Batch-1 decode with 16-bit and 4-bit weights: jaxserve beside llama.cpp on the same weights, and the weight
+    bytes each streams per second (every weight read once per token)."""
+    d = load(LOWBIT_RUN)
+    dtype, infos = d["config"]["dtype"], d["config"]["backends"]
+    cells = {r["backend"]: r for r in table("throughput", LOWBIT_RUN) if r["workload"] == "batch1"}
+    rows = []
+    for name, c in cells.items():
+        bits, weight_bytes = _weight_bits(name, dtype), infos[name].get("weight_bytes")
+        peer = cells.get(LOWBIT_PEER.get(bits))
+        rows.append([name, bits, "" if weight_bytes is None else f"{weight_bytes / 1e6:,.0f}",
+                     f"{c['tok_s_median']:,.1f} ({c['tok_s_min']:,.1f}–{c['tok_s_max']:,.1f})",
+                     "" if weight_bytes is None else f"{c['tok_s_median'] * weight_bytes / 1e9:.1f}",
+                     "" if peer is None or name.startswith("llama.cpp") else
+                     f"**{x(c['tok_s_median'] / peer['tok_s_median'])}** {LOWBIT_PEER[bits]}",
+                     f"{c['agrees_with_jaxserve']:.2f}" if "agrees_with_jaxserve" in c else ""])
+    return ["backend", "weight bits", "weights MB", "batch-1 tok/s", "weights read GB/s", "jaxserve / llama.cpp",
+            "first 8 tokens = jaxserve's"], rows
+
+
 def paged_attention_decode():
     rows = [[r["batch"], r["context"], f"{r['q_heads']}/{r['kv_heads']}", r["head_dim"], r["page_size"], r["impl"],
              r["ms"], r["gb_s"], r["pct_copy"], f"{r['x_contiguous']:.2f}"]

@@ -153,7 +153,8 @@ def _dense_interceptor(next_fun, args, kwargs, context):
     else:  # per shard, split as the rule table placed the kernel (GSPMD would gather it for the kernel call)
         from jaxserve.quant.sharded import sharded_quantized_matmul
         path = "/".join(m.scope.path) + "/kernel"
-        y = sharded_quantized_matmul(x.astype(dtype), kernel, current_settings(), layout, path, out_dtype=dtype)
+        y = sharded_quantized_matmul(quantized_matmul, x.astype(dtype), kernel, current_settings(), layout, path,
+                                     out_dtype=dtype)
     if m.use_bias:
         y = y + m.get_variable("params", "bias").astype(dtype)
     return y

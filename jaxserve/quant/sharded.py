@@ -22,6 +22,7 @@ the shards multiply, where a shard alone would see only its slice's amax.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,15 +31,15 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels.fp4 import QuantizedTensor, dequantize, quantize
 from jaxserve.parallel.layout import Layout
 from jaxserve.parallel.sharding import DEFAULT_RULES, axis_ways, quantized_spec, spec_for
-from jaxserve.quant.matmul import MatmulSettings, quantized_matmul
 
 
-def sharded_quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings, layout: Layout,
+def sharded_quantized_matmul(matmul: Callable, x: jax.Array, w: QuantizedTensor, settings, layout: Layout,
                              path: str, out_dtype=None) -> jax.Array:
-    """``quantized_matmul`` on every shard of ``layout``'s mesh: x [..., K] @ w [K, N] -> out_dtype[..., N].
+    """``matmul`` (``jaxserve.quant.matmul.quantized_matmul``, passed in: that module's Dense interceptor calls
+    this one) on every shard of ``layout``'s mesh: x [..., K] @ w [K, N] -> out_dtype[..., N].
 
-    path: the kernel's params path (e.g. "layers_0/attn/o_proj/kernel"), which picks its rule; each shard's
-    matmul sees a QuantizedTensor of its local shape [K/ways, N/ways]."""
+    settings: its ``MatmulSettings``; path: the kernel's params path (e.g. "layers_0/attn/o_proj/kernel"), which
+    picks its rule; each shard's matmul sees a QuantizedTensor of its local shape [K/ways, N/ways]."""
     mesh = layout.mesh
     spec = spec_for(path, w.shape, mesh, DEFAULT_RULES, layout.axis_map)
     k_axis, n_axis = tuple(spec) + (None,) * (2 - len(spec))
@@ -50,7 +51,7 @@ def sharded_quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulS
         settings = dataclasses.replace(settings, w4a4=False)
 
     def local(xs, ws):
-        y = quantized_matmul(xs, ws.replace(shape=local_shape), settings, out_dtype=out_dtype)
+        y = matmul(xs, ws.replace(shape=local_shape), settings, out_dtype=out_dtype)
         return y if k_axis is None else jax.lax.psum(y, k_axis)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(*lead, k_axis), w_specs), out_specs=P(*lead, n_axis),

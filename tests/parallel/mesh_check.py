@@ -182,7 +182,8 @@ def check_w4a4_matmul():
         settings = MatmulSettings(impl, w4a4=True)
         want = np.asarray(quantized_matmul(x, w, settings))
         for layer in ("o_proj", "q_proj"):
-            run = jax.jit(lambda x, w: sharded_quantized_matmul(x, w, settings, layout, f"layers_0/attn/{layer}/kernel"))
+            run = jax.jit(lambda x, w: sharded_quantized_matmul(quantized_matmul, x, w, settings, layout,
+                                                                f"layers_0/attn/{layer}/kernel"))
             got = np.asarray(run(x, w))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max(), err_msg=f"{impl} {layer}")
     print("nvfp4 W4A4 matmul per shard (row- and column-parallel, reference and Pallas) equals one device", flush=True)
