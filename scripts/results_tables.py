@@ -241,6 +241,28 @@ def spec_smollm2():
             "decode phase"], rows
 
 
+SMOLLM2_CHAT = {"repetitive": f"{SPEC}/smollm2_chat_repetitive/results.json",
+                "free": f"{SPEC}/smollm2_chat_free/results.json"}
+
+
+def spec_smollm2_chat():
+    """Engine rows of the SmolLM2 chat runs: per (prompt set, proposer, policy, T), batch 1's α, length against
+    theory and target calls per token, then the end-to-end speedup over the plain engine at each batch."""
+    rows = []
+    for name, rel in SMOLLM2_CHAT.items():
+        by = {(r["method"], r["policy"], r["temperature"], r["batch"]): r for r in table("engine", rel)}
+        for method, policy, temperature in dict.fromkeys(k[:3] for k in by):
+            cells = {b: by.get((method, policy, temperature, b)) for b in (1, 4, 16)}
+            one = cells[1] or next(r for r in cells.values() if r)
+            rows.append([name, method, policy, f"{temperature:g}", f"{one['token_acceptance_prob']:.3f}",
+                         f"{one['mean_acceptance_length']:.2f} / {one['theory_acceptance_length']:.2f}",
+                         f"{one['target_calls_per_token']:.3f}",
+                         *["—" if r is None else ("**" if r["speedup"] < 1 else "") + x(r["speedup"])
+                           + ("**" if r["speedup"] < 1 else "") for r in cells.values()]])
+    return ["prompts", "proposer", "policy", "T", "α (batch 1)", "length / theory", "calls/tok", "batch 1",
+            "batch 4", "batch 16"], rows
+
+
 # --- experiments ------------------------------------------------------------------------------------
 
 def fp4_quant_error():

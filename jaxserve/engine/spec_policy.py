@@ -12,11 +12,13 @@ Two rules, both off by default (as vLLM's):
 
 - ``disable_by_batch_size = N``: steps with N or more decoding sequences run without speculation
   (vLLM's ``speculative_disable_by_batch_size``). Deterministic, but N is a guess about one machine.
-- ``adaptive``: per batch bucket (powers of two of the decoding sequences), moving averages of the seconds
-  of a round step and of a plain decode step, measured on this engine, and of L over all rounds; a step
-  speculates iff ``L * t_plain(b) > t_round(b)``, i.e. iff rounds give more tokens per second. An arm not yet
-  timed at a bucket is tried first (the first time of each is dropped: it may include compilation), and every
-  ``probe_every`` steps the rule runs the other arm once so a changed α or load is seen.
+- ``adaptive``: per batch bucket (powers of two of the decoding sequences), the seconds of a round step and
+  of a plain decode step, measured on this engine (the lower median of each one's last ``window`` times: a
+  step that compiled a program or was descheduled on a shared machine is an outlier, not a trend), and a
+  moving average of L over all rounds; a step speculates iff ``L * t_plain(b) > t_round(b)``, i.e. iff rounds
+  give more tokens per second. An arm not yet timed at a bucket is tried first (its first time is dropped: it
+  compiled), and every ``probe_every`` steps of a bucket the rule runs the other arm once, so a changed α or
+  load is seen.
 
 The adaptive rule reads the wall clock, so which steps speculate varies from run to run: greedy outputs do
 not change (exactness), seeded sampled ones may (same distribution), and several processes running one
@@ -24,6 +26,8 @@ scheduler in lock step (``jax.distributed``) would diverge; that is why it is an
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -34,9 +38,17 @@ def batch_bucket(num_decodes: int) -> int:
 
 @dataclass
 class _Timing:
-    """A moving average of one arm's step seconds at one bucket; ``seen`` counts samples (the first dropped)."""
+    """One arm's latest step times at one bucket; ``seen`` counts samples (the first is dropped)."""
+    window: int
     seen: int = 0
-    seconds: float | None = None
+    recent: deque = None
+
+    def __post_init__(self):
+        self.recent = deque(maxlen=self.window)
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median_low(self.recent) if self.recent else None
 
 
 @dataclass
@@ -45,7 +57,8 @@ class SpeculationPolicy:
     disable_by_batch_size: int | None = None
     adaptive: bool = False
     probe_every: int = 16  # adaptive: run the arm not chosen once every this many steps of a bucket
-    smoothing: float = 0.2  # weight of a new sample in the moving averages
+    window: int = 9  # step times per (arm, bucket) whose lower median is the arm's time
+    smoothing: float = 0.2  # weight of a new round's L in its moving average
     tokens_per_round: float | None = None  # moving average of L = 1 + accepted per round row
     _times: dict = field(default_factory=dict)  # (speculated, bucket) -> _Timing
     _steps: dict = field(default_factory=dict)  # bucket -> decisions made there
@@ -84,10 +97,10 @@ class SpeculationPolicy:
         """A decode-only step's wall-clock ``seconds``; a round's mean tokens emitted per row (1 + accepted)."""
         if speculated and tokens_per_row is not None:
             self.tokens_per_round = self._average(self.tokens_per_round, tokens_per_row)
-        t = self._times.setdefault((speculated, batch_bucket(num_decodes)), _Timing())
+        t = self._times.setdefault((speculated, batch_bucket(num_decodes)), _Timing(self.window))
         t.seen += 1
-        if t.seen > 1:  # the first may have compiled its program
-            t.seconds = self._average(t.seconds, seconds)
+        if t.seen > 1:  # the first compiled its program
+            t.recent.append(seconds)
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new

@@ -40,6 +40,15 @@ def test_adaptive_times_each_arm_then_picks_the_faster_per_bucket():
     assert p.speculate(1) and not p.speculate(16)
 
 
+def test_adaptive_times_are_robust_to_a_compile_or_a_descheduled_step():
+    p = SpeculationPolicy(GAMMA, adaptive=True, probe_every=1000, window=5)
+    _timed(p, False, 16, 0.010), _timed(p, True, 16, 0.030, 4.0)
+    p.record(False, 12, 25.0)  # 12 decodes share bucket 16 but compile their own program: an outlier
+    assert p.seconds(False, 16) == pytest.approx(0.010) and p.speculate(16)  # 4 tokens for 3x: rounds
+    _timed(p, False, 16, 0.005, times=3)  # plain steps got faster (say, the load went): the window follows
+    assert p.seconds(False, 16) == pytest.approx(0.005) and not p.speculate(16)
+
+
 def test_adaptive_rule_follows_the_measured_acceptance():
     p = SpeculationPolicy(GAMMA, adaptive=True, probe_every=1000, smoothing=1.0)  # no averaging: the last sample
     _timed(p, False, 4, 0.010)
