@@ -166,19 +166,22 @@ def run(cfg, out):
         jax.clear_caches()
     for method in cfg.methods:
         out.table(method, rows[method], columns=COLUMNS, fmt=FMT, title=f"While-loop path: {method}")
-    engine = []
+    engine = []  # saved after each point (engine_progress): a run cut short keeps the rows it measured
     engine_props = {m: props[m] for m in cfg.engine_methods}
-    for batch, temperature in out.progress([(b, t) for b in cfg.batches for t in cfg.temperatures],
-                                           desc="engine points"):
+    engine_points = [(b, t) for b in cfg.batches for t in cfg.temperatures]
+    for done, (batch, temperature) in enumerate(out.progress(engine_points, desc="engine points"), 1):
         gammas = [g for g in cfg.engine_gammas if "medusa" not in engine_props or g <= heads]
         prompts, lens = make_prompts(cfg, tok, tcfg.vocab_size, batch)
         engine += measure_engine_point((tcfg, tparams), engine_props, prompts, lens=lens,
-                                       policies=cfg.engine_policies, gammas=gammas, temperature=temperature, max_tokens=cfg.engine_max_tokens,
-                                       repeats=cfg.repeats,
+                                       policies=cfg.engine_policies, gammas=gammas, temperature=temperature,
+                                       max_tokens=cfg.engine_max_tokens, repeats=cfg.repeats,
                                        # no prefix caching: every timed call does the same prefill as the first
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
                                        seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size)
+        out.json("engine_progress", {"points_done": done, "rows": engine})
         jax.clear_caches()
+    if engine_points:
+        out.json("engine_progress", {"points_done": len(engine_points)})  # complete: the rows are in the table
     if engine:
         out.table("engine", engine, columns=ENGINE_COLUMNS, fmt=ENGINE_FMT,
                   title="Engine path: LLM.generate, one speculative round per step, vs a plain engine")
