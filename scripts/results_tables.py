@@ -242,7 +242,8 @@ def spec_smollm2():
 
 
 SMOLLM2_CHAT = {"repetitive": f"{SPEC}/smollm2_chat_repetitive/results.json",
-                "free": f"{SPEC}/smollm2_chat_free/results.json"}
+                "free": f"{SPEC}/smollm2_chat_free/results.json",
+                "repetitive, idle VM": f"{SPEC}/smollm2_chat_repetitive_batch16_idle/results.json"}
 
 
 def _engine_rows(rel: str) -> list[dict]:
@@ -265,7 +266,7 @@ def spec_smollm2_chat():
                          f"{one['target_calls_per_token']:.3f}",
                          *["—" if r is None else ("**" if r["speedup"] < 1 else "") + x(r["speedup"])
                            + ("**" if r["speedup"] < 1 else "") for r in cells.values()]])
-    return ["prompts", "proposer", "policy", "T", "α (batch 1)", "length / theory", "calls/tok", "batch 1",
+    return ["prompts", "proposer", "policy", "T", "α (smallest batch)", "length / theory", "calls/tok", "batch 1",
             "batch 4", "batch 16"], rows
 
 
@@ -557,7 +558,8 @@ CLAIMS = (
           "slower than the plain engine. The repetitive run is complete; the free run (batch 1 and 16 only, 2 prompts "
           "at batch 1) was killed by the kernel's OOM killer during its last point: its rows are what its 3 finished "
           "points saved (`engine_progress` in results.json; its RESULTS.md's notes). A policy row whose timed calls "
-          "ran no round shows α 0 and length 1. The "
+          "ran no round shows α 0 and length 1. `by_batch:16` is `disable_by_batch_size=16`; the `repetitive, idle VM` "
+          "rows are a batch-16 rerun at load average 1.0–2.6 (10:00 UTC, nothing else running). The "
           "2-core VM ran at load average 5–12 with other sessions' jobs and both runs side by side: baselines "
           "moved 13–25 tok/s between rows at batch 1, so single speedups are ±30% noise; α, length and calls/token "
           "are not timing."),
