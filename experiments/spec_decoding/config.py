@@ -27,6 +27,10 @@ class SpecDecodingConfig:
     # a repetitive prompt set: each prompt is a window of prompt_len / 2 tokens written twice (an edit or a
     # summary that quotes its input), where copying proposers (ngram, suffix) have something to copy
     repetitive_prompts: bool = False
+    # "code": the windows above; "chat_repetitive" / "chat_free" (experiments/spec_decoding/prompt_sets.py): the
+    # target's chat template over tasks whose answer quotes the input (code edits of pycode val snippets, text
+    # edits of tests/data/real_text paragraphs) / over open questions; each prompt at most prompt_len tokens
+    prompt_set: str = "code"
     min_prompts: int = 8              # each point covers >= this many prompts: ceil(min_prompts / batch) sets
                                       # of batch, each timed on its own (one prompt's α is not the draft's α)
     max_tokens: int = 64
@@ -52,6 +56,9 @@ class SpecDecodingConfig:
     engine_methods: tuple = ("draft_model", "ngram", "medusa")
     engine_gammas: tuple = (3,)
     engine_max_tokens: int = 32
+    # the engine's speculation policy per engine row (SpeculativeConfig): "none" (every decode step speculates),
+    # "adaptive" (SpeculativeConfig.adaptive) or "by_batch:N" (disable_by_batch_size=N); each its own row
+    engine_policies: tuple = ("none",)
     seed: int = 0
 
 

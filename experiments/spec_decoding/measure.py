@@ -161,19 +161,23 @@ def _engine_calls(llm, prompt_sets: list, params: list) -> list:
 
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
                          max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0,
-                         draft_vocab_size: int | None = None) -> list[dict]:
+                         draft_vocab_size: int | None = None, lens: np.ndarray | None = None,
+                         policies=("none",)) -> list[dict]:
     """The engine path: ``LLM.generate`` of each set of B prompts (i32[B, L], or i32[S, B, L] for S
     sets timed one by one as in ``measure_point``) with one speculative round per step, against a
     plain engine over the same target. target: (config, params); proposers: method -> proposer
     weights for ``LLM.from_params(draft=...)`` (None for ngram); ``draft_vocab_size`` applies to draft_model
     (its weights then carry the tokenizer and token counts). Acceptance figures are the spec engine's
-    ``stats()`` over its timed calls."""
-    from jaxserve import LLM, SamplingParams, SpeculativeConfig
+    ``stats()`` over its timed calls. ``lens`` (i32[B] or i32[S, B]): each prompt's length, the rest of
+    its row padding (None: whole rows). ``policies``: the speculation policy of each row ("none", "adaptive",
+    "by_batch:N"; ``engine_policy``); a row's ``plain_steps`` / ``speculative_steps`` count the policy's choices."""
+    from jaxserve import LLM, SamplingParams
 
     tcfg, tparams = target
     sets = _prompt_sets(prompts)
     num_sets, batch = sets.shape[:2]
-    prompt_sets = [[list(map(int, p)) for p in prompts] for prompts in sets]
+    lens = np.full((num_sets, batch), sets.shape[2]) if lens is None else np.asarray(lens).reshape(num_sets, batch)
+    prompt_sets = [[list(map(int, p[:n])) for p, n in zip(prompts, ns)] for prompts, ns in zip(sets, lens)]
     def params(tokens):
         return [[SamplingParams(max_tokens=tokens, temperature=temperature, seed=seed + i * batch + j,
                                 ignore_eos=True) for j in range(batch)] for i in range(num_sets)]
@@ -185,22 +189,51 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     rows = []
     for method, weights in proposers.items():
         for gamma in gammas:
-            # suffix decoding without its global tree: every timed call repeats the same prompts, and would
-            # draft from the previous call's (greedy: identical) outputs
-            spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma,
-                                     draft_vocab_size=draft_vocab_size if method == "draft_model" else None,
-                                     suffix_max_cached_requests=0)
-            llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
-            # its own engine (same jitted programs), so that llm.stats() counts only the full calls
-            prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
-            sides = {**baseline, "spec_prefill": _engine_calls(prefill_only, prompt_sets, params(1)),
-                     "spec": _engine_calls(llm, prompt_sets, params(max_tokens))}
-            timed = _timed_sets(sides, repeats, after_warmup=llm.engine.spec_stats.reset)
-            (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
-            decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
-                                     rows=num_sets * batch)
-            st = llm.stats()
-            s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
-            rows.append(_row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s,
-                             base_n / base_s, base_s, prompts=num_sets * batch, decode_speedup=decode))
+            for policy in policies:
+                rows.append(_engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_sets, params,
+                                        max_tokens, repeats, batch, temperature, draft_vocab_size))
     return rows
+
+
+def engine_policy(policy: str) -> dict:
+    """``SpeculativeConfig`` fields of a policy name: "none", "adaptive" or "by_batch:N"."""
+    if policy == "none":
+        return {}
+    if policy == "adaptive":
+        return {"adaptive": True}
+    if policy.startswith("by_batch:") and policy[len("by_batch:"):].isdigit():
+        return {"disable_by_batch_size": int(policy[len("by_batch:"):])}
+    raise ValueError(f"engine policy must be 'none', 'adaptive' or 'by_batch:N', got {policy!r}")
+
+
+def _engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_sets, params, max_tokens, repeats,
+                batch, temperature, draft_vocab_size) -> dict:
+    from jaxserve import LLM, SpeculativeConfig
+
+    tcfg, tparams = target
+    num_sets = len(prompt_sets)
+    # suffix decoding without its global tree: every timed call repeats the same prompts, and would
+    # draft from the previous call's (greedy: identical) outputs
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma,
+                             draft_vocab_size=draft_vocab_size if method == "draft_model" else None,
+                             suffix_max_cached_requests=0, **engine_policy(policy))
+    llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
+    # its own engine (same jitted programs), so that llm.stats() counts only the full calls
+    prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
+    sides = {**baseline, "spec_prefill": _engine_calls(prefill_only, prompt_sets, params(1)),
+             "spec": _engine_calls(llm, prompt_sets, params(max_tokens))}
+
+    def reset():  # the policy keeps what the untimed calls taught it (a serving engine would); the counts restart
+        llm.engine.spec_stats.reset()
+        if llm.engine.spec_policy is not None:
+            llm.engine.spec_policy.counts.update(speculative_steps=0, plain_steps=0)
+
+    timed = _timed_sets(sides, repeats, after_warmup=reset)
+    (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
+    decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
+                             rows=num_sets * batch)
+    st = llm.stats()
+    s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
+    row = _row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s, base_n / base_s, base_s,
+               prompts=num_sets * batch, decode_speedup=decode)
+    return {**row, "policy": policy}

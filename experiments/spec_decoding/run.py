@@ -23,7 +23,8 @@ import numpy as np
 from experiments.harness import ROOT
 from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model, widen_mlp, with_matmul_dtype
-from experiments.spec_decoding.measure import measure_engine_point, measure_point
+from experiments.spec_decoding.measure import engine_policy, measure_engine_point, measure_point
+from experiments.spec_decoding.prompt_sets import CHAT_SETS, chat_prompts
 from jaxserve.speculative.draft_vocab import restrict_head
 from jaxserve.speculative.token_counts import load_counts, most_frequent
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_heads
@@ -40,6 +41,10 @@ FMT = {"temperature": "g", "token_acceptance_prob": ".3f", "acceptance_rate": ".
        "mean_acceptance_length": ".2f", "theory_acceptance_length": ".2f", "acceptance_length_vs_theory": "+.1%",
        "target_calls_per_token": ".3f", "spec_tokens_per_s": ".0f", "baseline_tokens_per_s": ".0f",
        "speedup": lambda r: f"{r['speedup']:.2f}x", "decode_speedup": lambda r: f"{r['decode_speedup']:.2f}x"}
+# engine rows: the speculation policy, and the decode steps it ran plain out of all
+ENGINE_COLUMNS = {"method": "method", "policy": "policy", "plain_steps": "plain steps",
+                  **{k: v for k, v in COLUMNS.items() if k != "method"}}
+ENGINE_FMT = {**FMT, "plain_steps": lambda r: _steps(r)}
 
 
 def load(name: str, seed: int, matmul_dtype: str | None = None):
@@ -51,15 +56,42 @@ def load(name: str, seed: int, matmul_dtype: str | None = None):
     return resolve_model(name, matmul_dtype=matmul_dtype)
 
 
-def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> np.ndarray:
-    """i32[S, batch, prompt_len]: S = ceil(min_prompts / batch) prompt sets (each timed on its own)."""
+def _steps(r) -> str:
+    """A policy row's decode steps run plain / all its decode steps ("" for rows without a policy)."""
+    if r.get("plain_steps") is None:
+        return ""
+    return f"{r['plain_steps']}/{r['plain_steps'] + r['speculative_steps']}"
+
+
+def make_prompts(cfg, tokenizer, vocab: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i32[S, batch, prompt_len], their lengths i32[S, batch]): S = ceil(min_prompts / batch) prompt sets (each
+    timed on its own); chat prompts are right-padded with 0."""
     sets = -(-cfg.min_prompts // batch)
-    if cfg.repetitive_prompts:
+    if cfg.prompt_set in CHAT_SETS:
+        ids = chat_prompts(tokenizer, cfg.prompt_set, sets * batch, cfg.prompt_len, cfg.seed)
+        prompts = np.zeros((sets * batch, cfg.prompt_len), np.int32)
+        for i, p in enumerate(ids):
+            prompts[i, :len(p)] = p
+        lens = np.array([len(p) for p in ids], np.int32)
+    elif cfg.repetitive_prompts:
         half = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len - cfg.prompt_len // 2, cfg.seed + batch)
         prompts = np.concatenate([half, half[:, :cfg.prompt_len // 2]], axis=1)
+        lens = np.full(sets * batch, cfg.prompt_len, np.int32)
     else:
         prompts = prompt_windows(tokenizer, vocab, sets * batch, cfg.prompt_len, cfg.seed + batch)
-    return prompts.reshape(sets, batch, cfg.prompt_len)
+        lens = np.full(sets * batch, cfg.prompt_len, np.int32)
+    return prompts.reshape(sets, batch, cfg.prompt_len), lens.reshape(sets, batch)
+
+
+def check(cfg) -> None:
+    """Settings that would fail only after the model is loaded: a ValueError naming them, before anything runs."""
+    if cfg.prompt_set not in ("code",) + CHAT_SETS:
+        raise ValueError(f"prompt_set must be 'code' or one of {CHAT_SETS}, got {cfg.prompt_set!r}")
+    if cfg.prompt_set in CHAT_SETS and (cfg.target.startswith(PRESET) or cfg.repetitive_prompts):
+        raise ValueError(f"prompt_set={cfg.prompt_set!r} needs a target with a chat template (not a preset) and "
+                         "repetitive_prompts=false")
+    for policy in cfg.engine_policies:
+        engine_policy(policy)
 
 
 def proposers(cfg, tcfg, tparams):
@@ -84,6 +116,7 @@ def proposers(cfg, tcfg, tparams):
 
 
 def run(cfg, out):
+    check(cfg)
     tcfg, tparams, tok = load(cfg.target, cfg.seed, cfg.matmul_dtype)
     widened = ""
     if cfg.target_widen_mlp:
@@ -98,7 +131,11 @@ def run(cfg, out):
         restricted = f" proposing only its {cfg.draft_vocab_size} most frequent tokens (its LM head cut to them)"
     eos = None if cfg.ignore_eos else tcfg.eos_token_id
     heads = props["medusa"][0].num_heads if "medusa" in props else 0
-    prompt_set = " (repetitive: each a half-length window written twice)" if cfg.repetitive_prompts else ""
+    prompt_set = {"chat_repetitive": " at most (chat template over code and text edits whose answers quote the input: "
+                                     "experiments/spec_decoding/prompt_sets.py)",
+                  "chat_free": " at most (chat template over open questions: experiments/spec_decoding/prompt_sets.py)"
+                  }.get(cfg.prompt_set, " (repetitive: each a half-length window written twice)"
+                        if cfg.repetitive_prompts else "")
     out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
@@ -116,10 +153,10 @@ def run(cfg, out):
     points = [(m, b, t) for m in cfg.methods for b in cfg.batches for t in cfg.temperatures]
     rows = {m: [] for m in cfg.methods}
     for method, batch, temperature in out.progress(points, desc="generate points"):
-        prompts = make_prompts(cfg, tok, tcfg.vocab_size, batch)
+        prompts, lens = make_prompts(cfg, tok, tcfg.vocab_size, batch)
         gammas = [g for g in cfg.gammas if method != "medusa" or g <= heads]
-        rows[method] += measure_point((tcfg, tparams), props.get(method) or (None, None), prompts,
-                                      np.full(prompts.shape[:2], cfg.prompt_len), gammas=gammas,
+        rows[method] += measure_point((tcfg, tparams), props.get(method) or (None, None), prompts, lens,
+                                      gammas=gammas,
                                       temperature=temperature,
                                       max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
                                       block_size=cfg.block_size, seed=cfg.seed, method=method,
@@ -129,23 +166,27 @@ def run(cfg, out):
         jax.clear_caches()
     for method in cfg.methods:
         out.table(method, rows[method], columns=COLUMNS, fmt=FMT, title=f"While-loop path: {method}")
-    engine = []
+    engine = []  # saved after each point (engine_progress): a run cut short keeps the rows it measured
     engine_props = {m: props[m] for m in cfg.engine_methods}
-    for batch, temperature in out.progress([(b, t) for b in cfg.batches for t in cfg.temperatures],
-                                           desc="engine points"):
+    engine_points = [(b, t) for b in cfg.batches for t in cfg.temperatures]
+    for done, (batch, temperature) in enumerate(out.progress(engine_points, desc="engine points"), 1):
         gammas = [g for g in cfg.engine_gammas if "medusa" not in engine_props or g <= heads]
-        engine += measure_engine_point((tcfg, tparams), engine_props, make_prompts(cfg, tok, tcfg.vocab_size, batch),
-                                       gammas=gammas, temperature=temperature, max_tokens=cfg.engine_max_tokens,
-                                       repeats=cfg.repeats,
+        prompts, lens = make_prompts(cfg, tok, tcfg.vocab_size, batch)
+        engine += measure_engine_point((tcfg, tparams), engine_props, prompts, lens=lens,
+                                       policies=cfg.engine_policies, gammas=gammas, temperature=temperature,
+                                       max_tokens=cfg.engine_max_tokens, repeats=cfg.repeats,
                                        # no prefix caching: every timed call does the same prefill as the first
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
                                        seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size)
+        out.json("engine_progress", {"points_done": done, "rows": engine})
         jax.clear_caches()
+    if engine_points:
+        out.json("engine_progress", {"points_done": len(engine_points)})  # complete: the rows are in the table
     if engine:
-        out.table("engine", engine, columns=COLUMNS, fmt=FMT,
+        out.table("engine", engine, columns=ENGINE_COLUMNS, fmt=ENGINE_FMT,
                   title="Engine path: LLM.generate, one speculative round per step, vs a plain engine")
     everything = [r for m in cfg.methods for r in rows[m]] + engine
-    out.table("best", best_rows(everything), columns={"path": "path", **COLUMNS}, fmt=FMT,
+    out.table("best", best_rows(everything), columns={"path": "path", **ENGINE_COLUMNS}, fmt=ENGINE_FMT,
               title="Best γ per (path, method, temperature, batch)")
     plot(out, everything, cfg)
 
@@ -153,7 +194,7 @@ def run(cfg, out):
 def best_rows(rows):
     best = {}
     for r in rows:
-        key = (r["path"], r["method"], r["temperature"], r["batch"])
+        key = (r["path"], r["method"], r.get("policy"), r["temperature"], r["batch"])
         if key not in best or r["speedup"] > best[key]["speedup"]:
             best[key] = r
     return list(best.values())
@@ -162,20 +203,24 @@ def best_rows(rows):
 def plot(out, rows, cfg):
     with out.figure("speedup_vs_batch", "best-γ speedup over target-only decoding vs batch size "
                                         "(1 = break-even)") as ax:
-        for r0 in {(r["path"], r["method"], r["temperature"]): r for r in rows}.values():
-            pts = sorted((r["batch"], r["speedup"]) for r in best_rows(rows)
-                         if (r["path"], r["method"], r["temperature"]) == (r0["path"], r0["method"], r0["temperature"]))
-            ax.plot(*zip(*pts), marker="o", label=f"{r0['path']} {r0['method']} T={r0['temperature']:g}")
+        line = lambda r: (r["path"], r["method"], r.get("policy"), r["temperature"])  # noqa: E731
+        for r0 in {line(r): r for r in rows}.values():
+            pts = sorted((r["batch"], r["speedup"]) for r in best_rows(rows) if line(r) == line(r0))
+            policy = f" {r0['policy']}" if r0.get("policy", "none") != "none" else ""
+            ax.plot(*zip(*pts), marker="o", label=f"{r0['path']} {r0['method']}{policy} T={r0['temperature']:g}")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch")
         ax.set_ylabel("speedup")
         ax.legend(fontsize=6)
-    with out.figure("acceptance_length", "measured mean acceptance length vs theory (1 - α^(γ+1)) / (1 - α), "
-                                         "while-loop path") as ax:
-        gen = [r for r in rows if r["path"] == "generate"]
-        ax.scatter([r["theory_acceptance_length"] for r in gen], [r["mean_acceptance_length"] for r in gen], s=10)
-        top = max([r["gamma"] for r in gen] + [1]) + 1
+    with out.figure("acceptance_length", "measured mean acceptance length vs theory (1 - α^(γ+1)) / (1 - α)") as ax:
+        for path, marker in (("generate", "o"), ("engine", "x")):
+            pts = [r for r in rows if r["path"] == path]
+            if pts:
+                ax.scatter([r["theory_acceptance_length"] for r in pts], [r["mean_acceptance_length"] for r in pts],
+                           s=12, marker=marker, label=path)
+        top = max([r["gamma"] for r in rows] + [1]) + 1
         ax.plot([1, top], [1, top], color="gray", lw=0.8)
         ax.set_xlabel("theory")
         ax.set_ylabel("measured")
+        ax.legend(fontsize=6)

@@ -8,10 +8,12 @@ speculative round for the decoding sequences, and a step may produce up to γ+1 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+import jax
 import numpy as np
 
 from jaxserve.cache.block_manager import BlockManager
@@ -25,6 +27,7 @@ from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.runner import ModelRunner
 from jaxserve.engine.scheduler import Scheduler
 from jaxserve.engine.sequence import FINISH_REASONS, Request
+from jaxserve.engine.spec_policy import SpeculationPolicy
 from jaxserve.engine.speculative_stats import SpeculativeStats
 from jaxserve.models.attention_backends import attention_backend
 from jaxserve.parallel.layout import make_layout
@@ -90,11 +93,19 @@ class LLMEngine:
             num_blocks += ec.max_num_seqs
         check_kv_fits(num_blocks, block_bytes, "num_kv_blocks" if ec.num_kv_blocks else "kv_cache_bytes")
         self.block_manager = BlockManager(num_blocks, ec.block_size, ec.enable_prefix_caching)
+        self.spec_policy = None
+        if speculative is not None and (speculative.adaptive or speculative.disable_by_batch_size is not None):
+            if speculative.adaptive and jax.process_count() > 1:
+                raise ValueError("SpeculativeConfig.adaptive times steps on each process's clock: several "
+                                 "processes running one scheduler would diverge; use disable_by_batch_size")
+            self.spec_policy = SpeculationPolicy(speculative.gamma, speculative.disable_by_batch_size,
+                                                 speculative.adaptive)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=ec.max_num_seqs,
                                    max_num_batched_tokens=ec.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, admission=admission, eos_token_id=eos,
                                    num_lookahead_slots=speculative.gamma if speculative else 0,
-                                   max_num_partial_prefills=ec.max_num_partial_prefills)
+                                   max_num_partial_prefills=ec.max_num_partial_prefills,
+                                   speculation_policy=self.spec_policy)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization)
@@ -192,7 +203,10 @@ class LLMEngine:
         seqs = self.scheduler.seqs
         before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
         want_top = any(self._top_k(e) for e in out.scheduled)
+        start = time.perf_counter()
         result = self.runner.execute(out, top_logprobs=True) if want_top else self.runner.execute(out)
+        if self.spec_policy is not None:
+            self._record_policy(out, result, time.perf_counter() - start)
         for key, lps in result.logprobs.items():  # a round's run past a stop is cut with its tokens in _finish
             self._logprobs[key].extend(lps)
         tops = {e.seq_id: top for e in out.scheduled if (top := self._top_of(e, result.top)) is not None}
@@ -217,6 +231,17 @@ class LLMEngine:
             drafted = [result.drafted[k] for k in result.accepted] if result.drafted else None
             self.spec_stats.record_step(list(result.accepted.values()), result.target_rows, len(produced), drafted)
         return produced
+
+    def _record_policy(self, out, result, seconds: float) -> None:
+        """A step where every entry decodes one token (all with lookahead, or none) times its arm."""
+        entries = out.scheduled
+        if not entries or any(len(e.token_ids) != 1 or not e.seq.output_token_ids for e in entries):
+            return
+        rounds = sum(bool(e.num_lookahead) for e in entries)
+        if rounds not in (0, len(entries)):
+            return
+        per_row = 1 + sum(result.accepted.values()) / rounds if rounds else None
+        self.spec_policy.record(bool(rounds), len(entries), seconds, per_row)
 
     @staticmethod
     def _top_k(e) -> int:
@@ -252,4 +277,6 @@ class LLMEngine:
                  "buckets": self.runner.num_buckets}
         if self.spec_stats is not None:
             stats.update(self.spec_stats.as_dict())
+        if self.spec_policy is not None:  # steps whose decodes got lookahead slots, and steps that ran them plain
+            stats.update({f"spec_{k}": v for k, v in self.spec_policy.counts.items()})
         return stats

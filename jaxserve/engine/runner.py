@@ -77,6 +77,10 @@ class ModelRunner:
         self.quant = quant  # jaxserve.quant.MatmulSettings when params hold QuantizedTensors
         self.speculative = speculative
         self.gamma = speculative.gamma if speculative else 0
+        # a step the speculation policy ran plain: its decodes run the fill program in decode shapes (B, not
+        # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs plus the proposer's pass
+        self.plain_decodes = speculative is not None and (speculative.adaptive
+                                                          or speculative.disable_by_batch_size is not None)
         self.buckets = BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                     max_model_len=max_model_len, block_size=block_size,
                                     live_pages_only=attention_backend(attention_impl).name == "xla",
@@ -103,7 +107,8 @@ class ModelRunner:
     @property
     def num_buckets(self) -> int:
         """Upper bound on distinct step programs (plus the copy program)."""
-        return self.buckets.num_programs(self.speculative is not None)
+        return self.buckets.num_programs(self.speculative is not None) + \
+            (len(self.buckets.decode_shapes()) if self.plain_decodes else 0)
 
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
@@ -137,7 +142,7 @@ class ModelRunner:
             for shape in self.buckets.decode_shapes() + self.buckets.mixed_shapes():
                 self._run_plain(pack([WARMUP_READER], *shape), [], False)
         else:
-            for shape in self.buckets.mixed_shapes():
+            for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
                 self._run_fill(pack([WARMUP_READER], *shape), [])
             for b, m in self.buckets.round_shapes():
                 self._run_round(*self._round_inputs([], b, m))
@@ -176,7 +181,7 @@ class ModelRunner:
     # ---- speculative fill: prefill chunks and plain decodes, target and draft together ---------
 
     def _fill(self, entries: list[ScheduledSequence]) -> RunnerOutput:
-        shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=False)
+        shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=self.plain_decodes)
         rows = sample_rows(entries)
         toks, lps, hidden = self._run_fill(pack(entries, *shape), rows)
         result = collect_samples(entries, len(rows), toks, lps)

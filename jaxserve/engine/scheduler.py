@@ -36,7 +36,9 @@ Speculative decoding (``num_lookahead_slots`` = γ > 0, as vLLM's num_lookahead_
 entry that the token budget allows γ more tokens gets ``num_lookahead = γ`` and slots for
 positions up to ``start_pos + γ``; ``update`` then takes the round's 1..γ+1 emitted tokens as a
 list (accepted drafts, whose K/V the round wrote, then the target's token), stops at the first
-finishing token, and gives the unused lookahead slots back (rollback is lengths only).
+finishing token, and gives the unused lookahead slots back (rollback is lengths only). A
+``speculation_policy`` (``jaxserve.engine.spec_policy``) may withhold the slots for a whole step
+(every decode then runs plain): it is asked once per step with the number of decoding sequences.
 """
 from __future__ import annotations
 
@@ -122,7 +124,8 @@ class Scheduler:
                  max_num_batched_tokens: int, max_model_len: int,
                  admission: Admission | None = None,
                  eos_token_id: int | None = None, enable_chunked_prefill: bool = True,
-                 num_lookahead_slots: int = 0, max_num_partial_prefills: int | None = None):
+                 num_lookahead_slots: int = 0, max_num_partial_prefills: int | None = None,
+                 speculation_policy: Any = None):
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
                              f"{max_num_batched_tokens}, max_model_len={max_model_len} must be >= 1")
@@ -139,6 +142,8 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.admission = admission or AdmitAll()
         self.num_lookahead_slots = num_lookahead_slots
+        self.policy = speculation_policy  # .speculate(num_decodes) -> bool; None: every decode speculates
+        self._speculate = True  # this step's decision
         self.max_num_partial_prefills = max_num_partial_prefills or max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -201,6 +206,9 @@ class Scheduler:
         preempted: list[int] = []
 
         chunks = 0  # entries with more than one token (prefill chunks, recomputes)
+        if self.num_lookahead_slots and self.policy is not None:
+            decodes = sum(self._is_decode(s) for s in self.running)
+            self._speculate = not decodes or self.policy.speculate(decodes)
         i = 0
         while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
             seq = self.running[i]
@@ -373,9 +381,14 @@ class Scheduler:
 
     def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
         """Speculative slots for a decode (a sequence with outputs, one token left) if the budget allows."""
-        k = self.num_lookahead_slots
-        decode = n == seq.num_uncomputed_tokens == 1 and bool(seq.output_token_ids)
+        k = self.num_lookahead_slots if self._speculate else 0
+        decode = n == 1 and self._is_decode(seq)
         return k if k and decode and budget >= n + k else 0
+
+    @staticmethod
+    def _is_decode(seq: Sequence) -> bool:
+        """One token left to run and outputs already (a prefill's last chunk never speculates)."""
+        return seq.num_uncomputed_tokens == 1 and bool(seq.output_token_ids)
 
     def _append_or_preempt(self, seq: Sequence, n: int, preempted: list[int]):
         """Slots for ``n`` tokens of ``seq``, preempting the newest running sequences if needed.

@@ -52,6 +52,13 @@ class SpeculativeConfig:
     # token_counts.json beside its weights; rounds with a sampled row use the whole head. Exact either way; a
     # smaller, faster greedy draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
     draft_vocab_size: int | None = None
+    # switching speculation off for a step (jaxserve.engine.spec_policy; both off by default, as in vLLM).
+    # disable_by_batch_size: steps with at least this many decoding sequences run them plain (vLLM's
+    # speculative_disable_by_batch_size). adaptive: a step speculates only while the measured tokens per round
+    # row exceed the measured cost of a round over a plain step at its batch size (wall-clock timed here, so
+    # single-process only, and which steps speculate varies between runs; the output distribution never does)
+    disable_by_batch_size: int | None = None
+    adaptive: bool = False
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -75,6 +82,12 @@ class SpeculativeConfig:
                                                   or self.draft_vocab_size < 1 or self.method != "draft_model"):
             raise ValueError(f"SpeculativeConfig.draft_vocab_size must be None or an int >= 1 with method "
                              f"'draft_model', got {self.draft_vocab_size!r} with method {self.method!r}")
+        if self.disable_by_batch_size is not None and (not is_int(self.disable_by_batch_size)
+                                                       or self.disable_by_batch_size < 1):
+            raise ValueError(f"SpeculativeConfig.disable_by_batch_size must be None or an int >= 1, "
+                             f"got {self.disable_by_batch_size!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"SpeculativeConfig.adaptive must be a bool, got {self.adaptive!r}")
         if self.draft_matmul_dtype is not None and self.method != "draft_model":
             raise ValueError(f"SpeculativeConfig.draft_matmul_dtype is for method 'draft_model', got method "
                              f"{self.method!r} (its proposals run in the target's precision)")

@@ -19,7 +19,7 @@ HOST_MODULES = [
     "jaxserve.speculative.suffix_tree",
     "jaxserve.tokenizer", "jaxserve.tokenizer_gguf", "jaxserve.chat_template",
     "jaxserve.zoo", "jaxserve.cli",  # `jaxserve --help` answers without loading JAX
-    "jaxserve.engine.beam_search", "jaxserve.engine.batching",
+    "jaxserve.engine.beam_search", "jaxserve.engine.batching", "jaxserve.engine.spec_policy",
     "jaxserve.bench.peers", "jaxserve.bench.workload",  # the peer harness and workload files: host only
 ]
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout under test, first on the path

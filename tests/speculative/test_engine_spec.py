@@ -127,6 +127,24 @@ def test_eos_and_max_tokens_stop_mid_round(models, prompts, oracle):
     assert s["spec_generated"] == sum(map(len, expected)) < offered  # some round was cut short
 
 
+@pytest.mark.parametrize("rule", [dict(disable_by_batch_size=3), dict(adaptive=True)], ids=["by_batch", "adaptive"])
+def test_greedy_stays_exact_when_speculation_switches_off_and_on_mid_run(models, prompts, oracle, rule):
+    """The batch drains 4 -> 3 -> 2 -> 1: by batch size the first steps run plain (>= 3 decodes), the rest
+    speculate; the adaptive rule is made to alternate (a probe every other step). The draft's pool is kept
+    in step by the plain steps, so rounds after them stay exact."""
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA, **rule)
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]), **ENGINE)
+    if spec.adaptive:
+        llm.engine.spec_policy.probe_every = 2
+    max_tokens = [4, 16, 8, 12]
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in max_tokens],
+                        use_tqdm=False)
+    assert tokens(outs) == [row[:m] for row, m in zip(oracle, max_tokens)]
+    s = llm.stats()
+    assert s["spec_plain_steps"] > 0 and s["spec_speculative_steps"] > 0 and s["spec_rounds"] > 0, s
+    assert s["spec_generated"] == sum(max_tokens) and s["compilations"] <= s["buckets"]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_equal_to_target_accepts_everything(models, prompts, temperature):
     llm = spec_llm(models, draft="target")
