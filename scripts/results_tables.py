@@ -463,6 +463,16 @@ CLAIMS = (
           "see the run's meta after). jaxserve ran at d166b68 (the meta's commit is the tree's when the file was written). "
           "vLLM's CPU backend (oneDNN GEMMs, its own paged attention) leads at batch 64 and on ShareGPT; llama.cpp at "
           "batch 1. The issue's goal (jaxserve ≥ 1.2× vLLM CPU at batch 64 and ShareGPT) is not met."),
+    Claim("SmolLM2-135M-Instruct batch-1 decode with 16-bit and 4-bit weights: jaxserve beside llama.cpp",
+          (LOWBIT_RUN,), smollm2_lowbit,
+          "`benchmarks/peers/compare.py --model smollm2-135m-instruct --dtype bfloat16 --workloads batch1 --rounds 3 "
+          "--threads 2 --backends jaxserve,jaxserve@engine.quantization=nvfp4,jaxserve@engine.quantization=mxfp4,"
+          "llama.cpp@F16,llama.cpp@Q4_0`: the packaged Q4_1 GGUF dequantized, cast to bf16, and quantized by each "
+          "backend to its own 4-bit format (jaxserve NVFP4/MXFP4 weight-only with the bf16 tied head; llama.cpp Q4_0 "
+          "via gguf-py), 1 request 64 → 128 greedy tokens, rounds rotating the backends, right after the float32 run on "
+          "the same near-idle VM. jaxserve's bf16 and FP4 rows run the CPU FFI kernels (`jaxserve.kernels.cpu`). "
+          "Different 4-bit formats give different tokens (agreement 0). Goals (bf16 ≥ llama.cpp F16, 4-bit ≥ llama.cpp "
+          "Q4): not met; jaxserve's FP4 kernel is compute-bound and slower than its bf16 path."),
     Claim("SmolLM2-135M-Instruct decode speed: jaxserve beside transformers, float32 and bfloat16", SMOLLM2_RUNS,
           smollm2_speed,
           "`benchmarks/peers/compare.py --model smollm2-135m-instruct --backends jaxserve,hf --workloads batch1,batch64 "
