@@ -38,7 +38,8 @@ positions up to ``start_pos + γ``; ``update`` then takes the round's 1..γ+1 em
 list (accepted drafts, whose K/V the round wrote, then the target's token), stops at the first
 finishing token, and gives the unused lookahead slots back (rollback is lengths only). A
 ``speculation_policy`` (``jaxserve.engine.spec_policy``) may withhold the slots for a whole step
-(every decode then runs plain): it is asked once per step with the number of decoding sequences.
+(every decode then runs plain): it is asked once per step with the number of decoding sequences and
+of running ones (prefilling too).
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.admission = admission or AdmitAll()
         self.num_lookahead_slots = num_lookahead_slots
-        self.policy = speculation_policy  # .speculate(num_decodes) -> bool; None: every decode speculates
+        self.policy = speculation_policy  # .speculate(num_decodes, num_running) -> bool; None: always
         self._speculate = True  # this step's decision
         self.max_num_partial_prefills = max_num_partial_prefills or max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -208,7 +209,7 @@ class Scheduler:
         chunks = 0  # entries with more than one token (prefill chunks, recomputes)
         if self.num_lookahead_slots and self.policy is not None:
             decodes = sum(self._is_decode(s) for s in self.running)
-            self._speculate = not decodes or self.policy.speculate(decodes)
+            self._speculate = not decodes or self.policy.speculate(decodes, len(self.running))
         i = 0
         while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
             seq = self.running[i]

@@ -10,8 +10,11 @@ verify's 16 x (γ + 1) rows are compute) and with the proposer's own cost.
 
 Two rules, both off by default (as vLLM's):
 
-- ``disable_by_batch_size = N``: steps with N or more decoding sequences run without speculation
-  (vLLM's ``speculative_disable_by_batch_size``). Deterministic, but N is a guess about one machine.
+- ``disable_by_batch_size = N``: while N or more sequences are running (decoding or still prefilling: vLLM's
+  running-queue size, as its ``speculative_disable_by_batch_size`` counts), steps run without speculation.
+  Counting only this step's decodes let a batch of N whose prefills finish unevenly speculate on its
+  first decodes, at the cost of a round at nearly the full batch. Deterministic, but N is a guess about one
+  machine.
 - ``adaptive``: per batch bucket (powers of two of the decoding sequences), the seconds of a round step and
   of a plain decode step, measured on this engine (the lower median of each one's last ``window`` times: a
   step that compiled a program or was descheduled on a shared machine is an outlier, not a trend), and a
@@ -68,14 +71,15 @@ class SpeculationPolicy:
     def may_disable(self) -> bool:
         return self.adaptive or self.disable_by_batch_size is not None
 
-    def speculate(self, num_decodes: int) -> bool:
-        """Whether a step with ``num_decodes`` decoding sequences gives them lookahead slots (counted)."""
-        choice = self._choose(num_decodes)
+    def speculate(self, num_decodes: int, num_running: int | None = None) -> bool:
+        """Whether a step with ``num_decodes`` decoding sequences gives them lookahead slots (counted);
+        ``num_running`` (default ``num_decodes``) counts every running sequence, prefilling ones too."""
+        choice = self._choose(num_decodes, num_decodes if num_running is None else num_running)
         self.counts["speculative_steps" if choice else "plain_steps"] += 1
         return choice
 
-    def _choose(self, num_decodes: int) -> bool:
-        if self.disable_by_batch_size is not None and num_decodes >= self.disable_by_batch_size:
+    def _choose(self, num_decodes: int, num_running: int) -> bool:
+        if self.disable_by_batch_size is not None and num_running >= self.disable_by_batch_size:
             return False
         if not self.adaptive:
             return True

@@ -53,8 +53,8 @@ class SpeculativeConfig:
     # smaller, faster greedy draft step (zoo draft, 1024 of 4096: γ 5 proposal 0.222 -> 0.150 ms)
     draft_vocab_size: int | None = None
     # switching speculation off for a step (jaxserve.engine.spec_policy; both off by default, as in vLLM).
-    # disable_by_batch_size: steps with at least this many decoding sequences run them plain (vLLM's
-    # speculative_disable_by_batch_size). adaptive: a step speculates only while the measured tokens per round
+    # disable_by_batch_size: while at least this many sequences are running (prefilling ones too), steps run
+    # plain (vLLM's speculative_disable_by_batch_size, on its running-queue size). adaptive: a step speculates only while the measured tokens per round
     # row exceed the measured cost of a round over a plain step at its batch size (wall-clock timed here, so
     # single-process only, and which steps speculate varies between runs; the output distribution never does)
     disable_by_batch_size: int | None = None

@@ -22,6 +22,12 @@ def test_disable_by_batch_size_switches_off_at_the_threshold():
     assert SpeculationPolicy(GAMMA).speculate(64)  # no rule: always
 
 
+def test_disable_by_batch_size_counts_running_sequences_not_only_decodes():
+    p = SpeculationPolicy(GAMMA, disable_by_batch_size=16)
+    # 16 requests whose prefills end unevenly: the first 3 decodes already run in a batch of 16
+    assert [p.speculate(3, 16), p.speculate(3, 15), p.speculate(16, 16)] == [False, True, False]
+
+
 def _timed(policy, speculated, b, seconds, per_row=None, times=3):
     for _ in range(times):
         policy.record(speculated, b, seconds, per_row)
@@ -77,8 +83,8 @@ class Script:
     def __init__(self, answers):
         self.answers, self.asked = list(answers), []
 
-    def speculate(self, num_decodes):
-        self.asked.append(num_decodes)
+    def speculate(self, num_decodes, num_running):
+        self.asked.append((num_decodes, num_running))
         return self.answers.pop(0)
 
 
@@ -98,7 +104,7 @@ def test_scheduler_withholds_lookahead_for_a_step_the_policy_runs_plain():
     slots = [sched.bm.num_slots(e.seq_id) for e in out.scheduled]
     assert slots == [6, 6]  # 3 prompt + 2 round tokens + this step's one: no lookahead slots held
     sched.update(out, {e.seq_id: 9 for e in out.scheduled})
-    assert policy.asked == [2, 2] and [e.num_lookahead for e in sched.schedule().scheduled] == [GAMMA, GAMMA]
+    assert policy.asked == [(2, 2), (2, 2)] and [e.num_lookahead for e in sched.schedule().scheduled] == [GAMMA, GAMMA]
 
 
 def test_bad_policy_settings_raise():
@@ -107,3 +113,18 @@ def test_bad_policy_settings_raise():
     with pytest.raises(ValueError, match="adaptive must be a bool, got 'yes'"):
         SpeculativeConfig(adaptive="yes")
     assert SpeculativeConfig.from_json('{"method": "ngram", "adaptive": true}').adaptive
+
+
+def test_scheduler_runs_a_decode_plain_while_the_batch_is_full_of_prefills():
+    """disable_by_batch_size=2: a decode beside a sequence still prefilling (chunked) runs plain."""
+    sched = Scheduler(BlockManager(32, 4), max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64,
+                      eos_token_id=0, num_lookahead_slots=GAMMA,
+                      speculation_policy=SpeculationPolicy(GAMMA, disable_by_batch_size=2))
+    sched.add_request("short", [5, 6], Params())
+    sched.add_request("long", list(range(1, 21)), Params())
+    out = sched.schedule()  # short's prompt and the first chunk of long's
+    sched.update(out, {e.seq_id: 9 for e in out.scheduled})
+    out = sched.schedule()
+    decodes = [e for e in out.scheduled if len(e.token_ids) == 1]
+    assert len(decodes) == 1 and len(out.scheduled) == 2  # one decode, one prefill chunk
+    assert decodes[0].num_lookahead == 0 and sched.policy.counts == {"speculative_steps": 0, "plain_steps": 1}
