@@ -243,10 +243,15 @@ def check_llama():
     check_hlo(llms)
     check_preemption_and_prefix_cache()
     check_attention_impls()
+
+
+def check_llama_weights_and_speculation():
+    """Llama's second half, a process of its own (xdist runs it beside the first): quantized weights per shard
+    and every speculative method at T=2."""
     check_w4a4_matmul()
     check_quantized([("llama", "nvfp4", "pallas"), ("llama", "fp8", "auto"), ("llama_d16", "mxfp4", "auto")],
-                    {"llama": llms[2, False, 1], "llama_d16": make("llama_d16", t=2)})
-    check_speculative(["draft_model", "ngram", "suffix", "medusa"], tokens(llms[1, False, 1], GREEDY))
+                    {"llama": make("llama", t=2), "llama_d16": make("llama_d16", t=2)})
+    check_speculative(["draft_model", "ngram", "suffix", "medusa"], tokens(make("llama"), GREEDY))
 
 
 def check_qwen3_moe():
@@ -263,7 +268,8 @@ def check_mixtral():
     check_quantized_moe("mixtral")
 
 
-PARTS = {"llama": check_llama, "qwen3_moe": check_qwen3_moe, "mixtral": check_mixtral}
+PARTS = {"llama": check_llama, "llama_weights_spec": check_llama_weights_and_speculation, "qwen3_moe": check_qwen3_moe,
+         "mixtral": check_mixtral}
 
 
 def main(part: str):

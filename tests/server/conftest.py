@@ -1,5 +1,5 @@
-"""One OpenAI-compatible server per test worker: tiny-code behind uvicorn on 127.0.0.1 and an ephemeral
-port, with a chat template and an API key, and the ``LLM.generate`` / ``LLM.chat`` references its answers
+"""One OpenAI-compatible server per test worker while it runs this package's tests: tiny-code behind
+uvicorn on 127.0.0.1 and an ephemeral port, with a chat template and an API key, and the ``LLM.generate`` / ``LLM.chat`` references its answers
 must match (computed on the same engine before the server takes it over)."""
 import dataclasses
 import socket
@@ -64,7 +64,9 @@ def _llm():
     return LLM.from_params(config, params, Tokenizer(hf, chat_template=CHAT_TEMPLATE), **ENGINE)
 
 
-@pytest.fixture(scope="session")
+# Package scope (tests/server has an __init__.py for it): the server, its engine thread and its engine are
+# shut down once the worker's last test here ends, not kept alive beside every later test of the session.
+@pytest.fixture(scope="package")
 def served():
     import uvicorn
     from jaxserve import SamplingParams
@@ -96,7 +98,7 @@ def served():
     sock.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def client(served):
     import openai
     with openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60) as c:
