@@ -5,7 +5,10 @@ SmolLM2-135M-Instruct (on-policy: the target's own chat answers, written by scri
     python scripts/onpolicy_chat.py target=smollm2-135m-instruct out=runs/onpolicy/smollm2_medusa budget_s=660 \
         plain_fraction=0.15 seed=1
     python -m experiments.medusa_heads target=smollm2-135m-instruct windows=runs/onpolicy/smollm2_medusa.npy \
-        num_heads=3 seq_len=256 batch_size=2 ... heads_dir=runs/medusa_heads/smollm2 out_dir=results/medusa_heads/smollm2
+        num_heads=3 seq_len=256 batch_size=2 steps=160 warmup=10 max_minutes=20 eval_windows=8 eval_chunk=4 \
+        eval_every=20 heads_dir=runs/medusa_heads/smollm2 out_dir=results/medusa_heads/smollm2
+
+(results/medusa_heads/smollm2/RESULTS.md: what it took and what the heads reach.)
 """
 import dataclasses
 from typing import Optional
