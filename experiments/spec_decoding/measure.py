@@ -153,9 +153,9 @@ def _row(path, method, batch, temperature, gamma, s, tps, seconds, base_tps, bas
 
 
 def _engine_calls(llm, prompt_sets: list, params: list) -> list:
-    """One call per prompt set for ``_timed_sets``, each returning the number of tokens generated."""
+    """One call per prompt set for ``_timed_sets``, each returning its rows' generated token ids."""
     def call(i):
-        return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompt_sets[i], params[i], use_tqdm=False))
+        return [tuple(o.outputs[0].token_ids) for o in llm.generate(prompt_sets[i], params[i], use_tqdm=False)]
     return [lambda i=i: call(i) for i in range(len(prompt_sets))]
 
 
@@ -229,11 +229,14 @@ def _engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_set
             llm.engine.spec_policy.counts.update(speculative_steps=0, plain_steps=0)
 
     timed = _timed_sets(sides, repeats, after_warmup=reset)
-    (base_s, base_n), (spec_s, n) = [(t, sum(outs)) for t, outs in (timed["base"], timed["spec"])]
+    (base_s, base_n), (spec_s, n) = [(t, sum(len(r) for rows in outs for r in rows))
+                                     for t, outs in (timed["base"], timed["spec"])]
     decode = _decode_speedup(n, spec_s, timed["spec_prefill"][0], base_n, base_s, timed["base_prefill"][0],
                              rows=num_sets * batch)
     st = llm.stats()
     s = {k[len("spec_"):]: v for k, v in st.items() if k.startswith("spec_")}
     row = _row("engine", method, batch, temperature, gamma, s, n / spec_s, spec_s, base_n / base_s, base_s,
                prompts=num_sets * batch, decode_speedup=decode)
-    return {**row, "policy": policy}
+    # greedy: the speculative engine's tokens must be the plain engine's (None when sampling: other draws)
+    same = timed["spec"][1] == timed["base"][1] if temperature == 0 else None
+    return {**row, "policy": policy, "greedy_identical": same}

@@ -43,8 +43,9 @@ FMT = {"temperature": "g", "token_acceptance_prob": ".3f", "acceptance_rate": ".
        "speedup": lambda r: f"{r['speedup']:.2f}x", "decode_speedup": lambda r: f"{r['decode_speedup']:.2f}x"}
 # engine rows: the speculation policy, and the decode steps it ran plain out of all
 ENGINE_COLUMNS = {"method": "method", "policy": "policy", "plain_steps": "plain steps",
-                  **{k: v for k, v in COLUMNS.items() if k != "method"}}
-ENGINE_FMT = {**FMT, "plain_steps": lambda r: _steps(r)}
+                  **{k: v for k, v in COLUMNS.items() if k != "method"}, "greedy_identical": "= plain"}
+ENGINE_FMT = {**FMT, "plain_steps": lambda r: _steps(r),
+              "greedy_identical": lambda r: {True: "yes", False: "**no**"}.get(r.get("greedy_identical"), "")}
 
 
 def load(name: str, seed: int, matmul_dtype: str | None = None):

@@ -1,6 +1,7 @@
 """The real default model through the engine: SmolLM2-135M-Instruct in bfloat16, chat and streaming, the zoo
 entry and its install message, and the chat CLI on a tiny random model carrying SmolLM2's tokenizer."""
 import io
+import pathlib
 import sys
 
 import jax
@@ -45,6 +46,24 @@ def test_bfloat16_smollm2_answers_and_streams_the_same_reply():
     assert "Paris" in reply.text and reply.finish_reason == "stop" and reply.token_ids[-1] == 2
     assert "".join(llm.stream_chat(FRANCE, params)) == reply.text
     assert not llm.engine.has_unfinished() and not llm.engine.finished  # streaming left nothing behind
+
+
+@pytest.mark.slow  # two 30-layer engines to compile (~minutes); needs heads trained by experiments/medusa_heads
+def test_trained_medusa_heads_keep_smollm2_greedy_output_exact():
+    from jaxserve import SpeculativeConfig
+
+    heads = pathlib.Path(__file__).resolve().parents[2] / "runs" / "medusa_heads" / "smollm2"  # experiments/README.md's medusa_heads command
+    if not (heads / "medusa_params.npz").is_file():
+        pytest.skip(f"no trained SmolLM2 Medusa heads at {heads}")
+    chats = [FRANCE, [{"role": "user", "content": "Repeat this text word for word: the quick brown fox jumps "
+                                                  "over the lazy dog, and the dog sleeps on."}]]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = LLM("smollm2-135m-instruct", max_num_seqs=2).chat(chats, params, use_tqdm=False)
+    spec = LLM("smollm2-135m-instruct", max_num_seqs=2,
+               speculative=SpeculativeConfig(method="medusa", medusa_heads=str(heads), num_speculative_tokens=3))
+    outs = spec.chat(chats, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert spec.stats()["spec_accepted"] > 0  # the heads did propose tokens the target kept
 
 
 @pytest.fixture(scope="module")
