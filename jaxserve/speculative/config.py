@@ -6,7 +6,7 @@ num_speculative_tokens=4))``. Methods:
 - ``draft_model``: a small model with the target's vocabulary (and tokenizer) proposes γ tokens;
 - ``ngram``: prompt lookup over the sequence's own tokens (no extra weights);
 - ``medusa``: Medusa-1 heads on the target's last hidden state (``medusa_heads``: a directory
-  written by ``experiments/medusa_heads/train.py``); γ is at most the number of heads;
+  written by ``python -m experiments.medusa_heads``); γ is at most the number of heads;
 - ``suffix``: SuffixDecoding (``jaxserve.speculative.suffix_tree``): suffix trees on the host over the
   request's prompt and outputs and over earlier requests' outputs; each round drafts 0..γ tokens per
   sequence, fewer when the matched context is short (``suffix_spec_factor`` x match length).

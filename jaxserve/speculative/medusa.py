@@ -115,7 +115,7 @@ def load_heads(path: str | pathlib.Path) -> tuple[MedusaConfig, dict]:
     path = pathlib.Path(path)
     if not (path / CONFIG_FILE).is_file() or not (path / PARAMS_FILE).is_file():
         raise ValueError(f"no medusa heads at {str(path)!r} (expected {CONFIG_FILE} and {PARAMS_FILE}); "
-                         "train them with experiments/medusa_heads/train.py")
+                         "train them with python -m experiments.medusa_heads")
     raw = json.loads((path / CONFIG_FILE).read_text())
     raw.pop("info", None)
     with np.load(path / PARAMS_FILE) as f:
