@@ -273,7 +273,9 @@ def spec_smollm2():
 
 SMOLLM2_CHAT = {"repetitive": f"{SPEC}/smollm2_chat_repetitive/results.json",
                 "free": f"{SPEC}/smollm2_chat_free/results.json",
-                "repetitive, idle VM": f"{SPEC}/smollm2_chat_repetitive_batch16_idle/results.json"}
+                "repetitive, idle VM": f"{SPEC}/smollm2_chat_repetitive_batch16_idle/results.json",
+                "repetitive, idle AVX2 VM, by_batch counts running": (
+                    f"{SPEC}/smollm2_chat_repetitive_batch16_running/results.json")}
 
 
 def _engine_rows(rel: str) -> list[dict]:
