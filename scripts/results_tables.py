@@ -630,7 +630,10 @@ CLAIMS = (
           "at batch 1) was killed by the kernel's OOM killer during its last point: its rows are what its 3 finished "
           "points saved (`engine_progress` in results.json; its RESULTS.md's notes). A policy row whose timed calls "
           "ran no round shows α 0 and length 1. `by_batch:16` is `disable_by_batch_size=16`; the `repetitive, idle VM` "
-          "rows are a batch-16 rerun at load average 1.0–2.6 (10:00 UTC, nothing else running). The "
+          "rows are a batch-16 rerun at load average 1.0–2.6 (10:00 UTC, nothing else running); the `by_batch counts "
+          "running` rows rerun `by_batch:16` once the rule counted running sequences (vLLM's running-queue size), "
+          "on another, AVX2-only VM at load 0.3–1.7: the same steps speculated (the rounds are in the tail, once "
+          "fewer than 16 remain). The "
           "2-core VM ran at load average 5–12 with other sessions' jobs and both runs side by side: baselines "
           "moved 13–25 tok/s between rows at batch 1, so single speedups are ±30% noise; α, length and calls/token "
           "are not timing."),
