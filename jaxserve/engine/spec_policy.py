@@ -11,10 +11,10 @@ verify's 16 x (γ + 1) rows are compute) and with the proposer's own cost.
 Two rules, both off by default (as vLLM's):
 
 - ``disable_by_batch_size = N``: while N or more sequences are running (decoding or still prefilling: vLLM's
-  running-queue size, as its ``speculative_disable_by_batch_size`` counts), steps run without speculation.
-  Counting only this step's decodes let a batch of N whose prefills finish unevenly speculate on its
-  first decodes, at the cost of a round at nearly the full batch. Deterministic, but N is a guess about one
-  machine.
+  running-queue size, as its ``speculative_disable_by_batch_size`` counts), steps run without speculation:
+  a decode beside running prefill chunks shares their step, so the chunks count. Sequences still waiting for
+  admission do not. Deterministic, but N is a guess about one machine (on SmolLM2 at batch 16 the rounds
+  that remain are the tail's, once fewer than N sequences are left: results/spec_decoding).
 - ``adaptive``: per batch bucket (powers of two of the decoding sequences), the seconds of a round step and
   of a plain decode step, measured on this engine (the lower median of each one's last ``window`` times: a
   step that compiled a program or was descheduled on a shared machine is an outlier, not a trend), and a

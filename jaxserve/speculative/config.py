@@ -54,9 +54,10 @@ class SpeculativeConfig:
     draft_vocab_size: int | None = None
     # switching speculation off for a step (jaxserve.engine.spec_policy; both off by default, as in vLLM).
     # disable_by_batch_size: while at least this many sequences are running (prefilling ones too), steps run
-    # plain (vLLM's speculative_disable_by_batch_size, on its running-queue size). adaptive: a step speculates only while the measured tokens per round
-    # row exceed the measured cost of a round over a plain step at its batch size (wall-clock timed here, so
-    # single-process only, and which steps speculate varies between runs; the output distribution never does)
+    # plain (vLLM's speculative_disable_by_batch_size, on its running-queue size). adaptive: a step speculates
+    # only while the measured tokens per round row exceed the measured cost of a round over a plain step at its
+    # batch size (wall-clock timed here, so single-process only, and which steps speculate varies between runs;
+    # the output distribution never does)
     disable_by_batch_size: int | None = None
     adaptive: bool = False
 
