@@ -8,7 +8,7 @@
 
 Defaults keep ``embed``, ``lm_head`` and MoE routers in float; MoE expert banks are not Dense
 kernels and stay in float. ``impl="auto"`` runs the Pallas kernel on GPU/TPU; on CPU, for up to 16
-rows (decoding), the AVX-512 FFI kernel ``jaxserve.kernels.cpu.fp4_matmul_cpu`` where it can be built
+rows (decoding), the AVX-512 or AVX2 FFI kernel ``jaxserve.kernels.cpu.fp4_matmul_cpu`` where it can be built
 (``JAXSERVE_CPU_KERNELS=0``: off), else the dequantize-then-dot reference; fp8 and int4 always take the
 reference path.
 On a Hopper GPU "auto"/"pallas" run the Mosaic GPU kernel where it applies (``matmul.kernel_for``).

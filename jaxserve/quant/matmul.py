@@ -57,7 +57,7 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
 
     - "reference" (dequantize, then a float32 dot): impl="reference", fp8/int4 weights under any impl,
       and impl="auto" on CPU where the CPU kernel is not usable (or W4A4 is asked for).
-    - "cpu" (``jaxserve.kernels.cpu.fp4_matmul_cpu``, an AVX-512 XLA FFI call that decodes the packed
+    - "cpu" (``jaxserve.kernels.cpu.fp4_matmul_cpu``, an AVX-512 or AVX2 XLA FFI call that decodes the packed
       weight in registers): impl="auto" on CPU when ``cpu_kernel`` (default: ``jaxserve.kernels.cpu.usable()``,
       off with ``JAXSERVE_CPU_KERNELS=0``); ``quantized_matmul`` uses it for up to 16 rows of x (decoding)
       and the reference for more.
@@ -96,7 +96,7 @@ def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings 
     """x[..., K] (f32/bf16/f16) @ w[K, N] (QuantizedTensor along K) -> out_dtype[..., N] (default x.dtype).
 
     The kernel is chosen by ``kernel_for``: on a Hopper GPU "pallas"/"auto" run the Mosaic GPU kernel
-    where it applies, else the portable (Triton) one; on CPU "auto" runs the AVX-512 FFI kernel for a
+    where it applies, else the portable (Triton) one; on CPU "auto" runs the AVX-512 or AVX2 FFI kernel for a
     few rows (decoding) where it is usable, else the reference.
     """
     if settings.w4a4 and w.fmt not in KERNEL_FORMATS:

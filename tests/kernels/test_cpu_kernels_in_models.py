@@ -14,7 +14,6 @@ from jaxserve.models import forward_full, get_preset, init_params
 
 pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
                                 reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
 def _run_both(monkeypatch, run, patch_module, name):
@@ -34,14 +33,31 @@ def _run_both(monkeypatch, run, patch_module, name):
     return on, off
 
 
+def _assert_greedy_agrees(on, off, tie=0.05):
+    """Greedy outputs with the kernel (``on``) and XLA's dot (``off``) agree token for token, except that from a
+    step where XLA's two most likely tokens are within ``tie`` (log-prob) of each other the kernel may have
+    picked the other one: bf16 activations round every layer's float32 sums, and the kernel sums in another
+    order, so a last-bit flip may break such a (near-)tie the other way. Up to there the log-probs agree."""
+    for o_on, o_off in zip(on, off, strict=True):
+        for step, (t_on, t_off) in enumerate(zip(o_on.token_ids, o_off.token_ids, strict=True)):
+            (best, lp_best), (_, lp_second) = o_off.top_logprobs[step][:2]
+            assert t_off == best
+            if t_on != t_off:
+                assert lp_best - lp_second <= tie, f"step {step}: {t_on} != {t_off}, XLA's margin {lp_best - lp_second}"
+                assert t_on in [t for t, lp in o_off.top_logprobs[step] if lp >= lp_best - tie]
+                break
+            assert abs(o_on.logprobs[step] - o_off.logprobs[step]) <= 2e-2, f"step {step}"
+
+
 def test_bf16_zoo_model_greedy_tokens_equal_with_and_without_kernel(monkeypatch):
     llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4)
     prompts = ["def add(a, b):", "class Stack:\n    def push(self, x):"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=3)
 
     def run():
-        return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     on, off = _run_both(monkeypatch, run, cpu_pkg, "bf16_matmul")
-    assert on == off
+    _assert_greedy_agrees(on, off)
 
 
 def test_bf16_tied_head_forward_matches_xla(monkeypatch):

@@ -1,9 +1,12 @@
 """The CPU FFI matmuls (jaxserve/kernels/cpu) against XLA's dot and the FP4 reference, and the fallback.
 
-Kernel tests skip where the kernels cannot be built (no compiler, no AVX-512, not x86-64); the
+Kernel tests skip where the kernels cannot be built (no compiler, neither AVX-512 nor AVX2+FMA, not x86-64); the
 fallback tests run everywhere.
 """
 import logging
+import re
+import subprocess
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +107,19 @@ def test_invalid_inputs_raise_value_errors():
         cpu.fp4_matmul_cpu(jnp.zeros((1, 4)), quantize(jnp.ones((4, 32)), "nvfp4", axis=1))
 
 
+@needs_kernels
+def test_kernels_stay_inside_their_buffers(tmp_path):
+    """matmul.cc's kernels on buffers flush against PROT_NONE pages (tails in N and K, K below one vector):
+    any read or write outside a buffer faults; the results are checked too (cpu_matmul_guard_pages.cc)."""
+    exe = tmp_path / "guard_pages"
+    cmd = [build.compiler(), "-O2", "-march=native", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
+           f"-I{build.SOURCE.parent}", str(Path(__file__).with_name("cpu_matmul_guard_pages.cc")), "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    for where in ("back", "front"):
+        proc = subprocess.run([str(exe), where], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{where}: rc {proc.returncode} {proc.stdout} {proc.stderr}"
+
+
 def _custom_calls(fn, *args):
     return jax.jit(fn).lower(*args).as_text().count("jaxserve_bf16_matmul")
 
@@ -128,7 +144,7 @@ def test_switch_off_keeps_xla_dot(monkeypatch):
 
 def test_no_compiler_falls_back_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(build, "compiler", lambda: None)
-    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(build.REQUIRED_CPU_FLAGS))
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
     assert "no C++ compiler" in build.unavailable_reason()
     with caplog.at_level(logging.WARNING, logger=build.__name__):
@@ -136,3 +152,24 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, caplog):
     assert "using XLA's dot" in caplog.text
     monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2"}))
     assert "lacks avx512f" in build.unavailable_reason()
+
+
+@pytest.mark.parametrize("flags, missing", [
+    ({"avx512f", "avx512bw"}, None),                          # the AVX-512 kernels
+    ({"avx512f", "avx512bw", "avx512_bf16", "avx2", "fma"}, None),
+    ({"avx2", "fma", "f16c"}, None),                          # the AVX2 kernels (an AVX2-only VM)
+    ({"avx2", "f16c"}, ["fma", "avx512f", "avx512bw"]),
+    ({"fma"}, ["avx2", "avx512f", "avx512bw"]),
+    ({"avx512f"}, ["avx512bw", "avx2", "fma"]),
+    (set(), ["avx512f", "avx512bw", "avx2", "fma"]),
+])
+def test_availability_needs_avx512_f_bw_or_avx2_fma(monkeypatch, flags, missing):
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build, "compiler", lambda: "/usr/bin/g++")
+    reason = build.unavailable_reason()
+    if missing is None:
+        assert reason is None
+    else:  # the reason names exactly the flags each instruction set lacks
+        lacks = [f for group in re.findall(r"lacks ([^)]*)", reason or "") for f in group.split(", ")]
+        assert sorted(lacks) == sorted(missing), reason

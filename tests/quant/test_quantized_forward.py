@@ -99,7 +99,7 @@ def test_kernel_for_picks_mosaic_on_hopper_where_it_applies(nvfp4_params, x_dtyp
 
 
 @pytest.mark.parametrize("settings, kernel", [
-    (MatmulSettings("auto"), "cpu"),                                      # the AVX-512 FFI kernel
+    (MatmulSettings("auto"), "cpu"),                                      # the AVX-512 or AVX2 FFI kernel
     (MatmulSettings("auto", w4a4=True), "reference"),                     # it has no W4A4 emulation
     (MatmulSettings("pallas"), "portable"),
     (MatmulSettings("reference"), "reference"),

@@ -7,8 +7,10 @@ source, the jaxlib version, the compiler, the flags and the CPU's feature flags,
 an edit or another machine sharing the home directory gets its own build. A build is written to a
 temporary name and renamed into place: concurrent processes (pytest -n 2) never load half a file.
 
-Anything missing (not Linux/x86 with AVX-512, no compiler, a failed build or load) makes ``load()``
-return None after one logged warning; callers then keep XLA's dot.
+The source holds two implementations of the kernels, chosen by the compiler's target: AVX-512 (F, BW
+and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``). Anything missing (not
+Linux/x86 with AVX-512 F+BW or AVX2+FMA, no compiler, a failed build or load) makes ``load()`` return
+None after one logged warning; callers then keep XLA's dot.
 """
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("matmul.cc")
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_fp4_matmul_kn")
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")
+# /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU
+# without avx512_bf16 builds the AVX2 kernels: every AVX-512 CPU has AVX2 and FMA too.)
+CPU_FLAG_SETS = {"AVX-512": ("avx512f", "avx512bw"), "AVX2+FMA": ("avx2", "fma")}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -55,9 +59,11 @@ def unavailable_reason() -> str | None:
     """Why the kernels cannot be built here, or None when they can be tried."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
+    flags = cpu_flags()
+    missing = {name: [f for f in need if f not in flags] for name, need in CPU_FLAG_SETS.items()}
+    if all(missing.values()):
+        lacks = " nor ".join(f"{name} (lacks {', '.join(m)})" for name, m in missing.items())
+        return f"the CPU has neither {lacks}"
     if compiler() is None:
         return "no C++ compiler (g++, c++, clang++ or $CXX) on PATH"
     return None

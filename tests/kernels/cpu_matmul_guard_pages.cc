@@ -1,0 +1,109 @@
+// The CPU matmul kernels (jaxserve/kernels/cpu/matmul.cc, included whole: whichever implementation -march=native
+// selects) on buffers that end at, or (argument "front") start at, a PROT_NONE page: a read or write outside a
+// buffer faults. Also checks the results against a double-precision reference of the same semantics (x rounded
+// to bf16 for the bf16 kernels; the exact dequantized weight for FP4). Built and run by test_cpu_matmul.py.
+//
+// threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
+#include "matmul.cc"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <random>
+
+namespace {
+
+bool g_front = false;
+
+// n elements of T flush against a guard page (after them, or before them with g_front).
+template <class T>
+T* guarded(int64_t n) {
+  const size_t page = 4096, bytes = size_t(n) * sizeof(T), span = (bytes + page - 1) / page * page;
+  char* base = static_cast<char*>(mmap(nullptr, span + 2 * page, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) || mprotect(base + page + span, page, PROT_NONE)) {
+    std::perror("mmap");
+    std::exit(2);
+  }
+  return reinterpret_cast<T*>(g_front ? base + page : base + page + span - bytes);
+}
+
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+double g_worst = 0;  // max |y - reference| / sum |products| over all outputs
+int64_t g_outputs = 0;
+
+void check(float got, double want, double magnitude) {
+  g_worst = std::max(g_worst, std::fabs(got - want) / std::max(magnitude, 1e-30));
+  ++g_outputs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_front = argc > 1 && std::string(argv[1]) == "front";
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  alignas(64) unsigned char no_pool[sizeof(ffi::ThreadPool)] = {};
+  ffi::ThreadPool& pool = *reinterpret_cast<ffi::ThreadPool*>(no_pool);
+  for (int64_t M : {1, 2, 3, 5, 17})
+    for (int64_t K : {0, 1, 2, 7, 8, 9, 16, 31, 33, 64})
+      for (int64_t N : {0, 1, 3, 7, 8, 9, 17, 31, 32, 33, 65}) {
+        float* x = guarded<float>(M * K);
+        for (int64_t i = 0; i < M * K; ++i) x[i] = normal(rng);
+        uint16_t* w = guarded<uint16_t>(K * N);  // read as [K, N] by _kn and as [N, K] by _nk
+        for (int64_t i = 0; i < K * N; ++i) w[i] = to_bf16(normal(rng));
+        float* y = guarded<float>(M * N);
+        for (bool nk : {false, true}) {
+          (nk ? bf16_nk : bf16_kn)(pool, x, M, K, w, N, y, 1);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double sum = 0, magnitude = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = double(from_bf16(to_bf16(x[m * K + k]))) * from_bf16(nk ? w[n * K + k] : w[k * N + n]);
+                sum += p;
+                magnitude += std::fabs(p);
+              }
+              check(y[m * N + n], sum, magnitude);
+            }
+        }
+        for (int64_t bs : {2, 16, 32}) {
+          if (K % bs) continue;
+          uint8_t* codes = guarded<uint8_t>(K / 2 * N);
+          for (int64_t i = 0; i < K / 2 * N; ++i) codes[i] = uint8_t(rng());
+          uint8_t* scales = guarded<uint8_t>(K / bs * N);
+          for (int64_t i = 0; i < K / bs * N; ++i) scales[i] = uint8_t(110 + rng() % 30);  // E8M0: 2^-17 .. 2^12
+          float lut[256];
+          for (int b = 0; b < 256; ++b) lut[b] = decode_e8m0(b) * 0.75f;
+          for (bool x_bf16 : {false, true}) {
+            if (x_bf16)  // that mode's x holds bf16 values
+              for (int64_t i = 0; i < M * K; ++i) x[i] = from_bf16(to_bf16(x[i]));
+            fp4_kn(pool, x, M, K, codes, scales, bs, lut, N, y, x_bf16, 1);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                double sum = 0, magnitude = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const int code = (codes[k / 2 * N + n] >> (4 * (k % 2))) & 15;
+                  const double p = double(x[m * K + k]) * (kE2M1[code] * lut[scales[k / bs * N + n]]);
+                  sum += p;
+                  magnitude += std::fabs(p);
+                }
+                check(y[m * N + n], sum, magnitude);
+              }
+          }
+        }
+      }
+  std::printf("%lld outputs, worst |error| / sum |products| = %.3g\n", (long long)g_outputs, g_worst);
+  return g_worst <= 1e-5 ? 0 : 1;  // float32 sums of up to 64 exact products: <= 63 * 2^-24 relative
+}
