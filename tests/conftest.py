@@ -1,6 +1,14 @@
 """Shared test configuration: GPU-marked tests run only on a GPU backend; peers-marked tests only
-with the peers extra (torch, transformers) installed."""
+with the peers extra (torch, transformers) installed. XLA:CPU compiles the tests' programs without its backend
+optimizations (below)."""
 import importlib.util
+import os
+
+# tests/xla_flags.py: LLVM optimizations off (compiling is most of the suite's time); subprocesses inherit it
+from tests.xla_flags import TEST_XLA_FLAGS
+
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax
 import pytest

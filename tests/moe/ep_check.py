@@ -4,7 +4,9 @@ Run by test_expert_parallel.py in a subprocess (XLA_FLAGS must be set before jax
 """
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from tests.xla_flags import with_devices  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_devices(8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -6,7 +6,9 @@ CPU devices; the mesh {"data": 2, "expert": 2} spans both processes. Run by test
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+from tests.xla_flags import with_devices  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_devices(2)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -14,7 +14,7 @@ from jaxserve.parallel.sharding import param_specs
 from tests.moe.conftest import moe_config
 
 HERE = pathlib.Path(__file__).parent
-ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+ENV = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": str(HERE.parent.parent)}
 
 
 def run(args):

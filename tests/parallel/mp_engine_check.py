@@ -8,7 +8,9 @@ Usage: python tests/parallel/mp_engine_check.py PROCESS_ID NUM_PROCESSES PORT (r
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+from tests.xla_flags import with_devices  # noqa: E402
+
+os.environ["XLA_FLAGS"] = with_devices(1)
 
 import jax  # noqa: E402
 

@@ -31,17 +31,20 @@ def run_check(*args, timeout=1200):  # generous: CI's 2 cores also run the other
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-4000:]
 
 
-# llama_weights_spec (quantized weights and every speculative method at T=2, beyond the grid) is slow-marked: with an
-# empty compilation cache it takes ~450 s of a CI worker under load, the most of any test
+# Slow-marked, beyond the grid: llama_weights_spec (quantized weights and every speculative method at T=2; with an
+# empty compilation cache ~450 s of a CI worker under load, the most of any test) and moe_quantized (NVFP4 attention
+# beside float experts under TP and EP: three more engines per MoE family
+# to compile: 46 s beside the two families' 132 s, empty cache)
 @pytest.mark.parametrize("family", ["llama", pytest.param("llama_weights_spec", marks=pytest.mark.slow), "qwen3_moe",
-                                    "mixtral"])
+                                    "mixtral", pytest.param("moe_quantized", marks=pytest.mark.slow)])
 def test_mesh_layouts_on_8_devices(family):
     """Each family over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2) (EP for the MoE
     models) equals one device, greedy and seeded; shardings and the decode step's HLO collectives per layout.
     Llama: preemption and prefix caching under TP, Pallas and reference attention per shard; in a process of its
     own (llama_weights_spec), NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4
     weights, and every speculative method at T=2.
-    The MoE models: experts split on I at T=2 and T=4, NVFP4 attention beside them at T=2 and EP."""
+    The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
+    beside them at T=2 and EP."""
     run_check(family)
 
 

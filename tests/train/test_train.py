@@ -10,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests.xla_flags import with_devices
+
 from jaxserve.models.checkpoint import load_model
 from jaxserve.train import parse_run_config, train
 from jaxserve.train.data import BatchOrder, encode_split, prompt_windows, windows
@@ -114,6 +116,8 @@ def test_vocab_mismatch_raises_before_writing(tiny_run, tmp_path):
 def _as_overrides(rc) -> list[str]:
     # OmegaConf reads a bare "key=" as null, so empty strings (init_from="", corpus="") are quoted.
     def spell(v):
+        if isinstance(v, (tuple, list)):  # "()" is a string to OmegaConf; "[a,b]" is a list
+            return "[" + ",".join(map(str, v)) + "]"
         return "null" if v is None else "''" if v == "" else v
     return [f"{section}.{k}={spell(v)}" for section, fields in dataclasses.asdict(rc).items()
             for k, v in fields.items()]
@@ -123,7 +127,7 @@ def _as_overrides(rc) -> list[str]:
 def test_cli_data_parallel_over_two_devices_matches_one(tiny_run, full_run, tmp_path):
     """`python -m jaxserve.train` on 2 simulated CPU devices (batch sharded on "data") ~ the 1-device run."""
     rc = with_train(tiny_run, out_dir=str(tmp_path / "dp"))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": with_devices(2), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "jaxserve.train", *_as_overrides(rc)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
