@@ -4,7 +4,7 @@ Run by test_expert_parallel.py in a subprocess (XLA_FLAGS must be set before jax
 """
 import os
 
-from tests.xla_flags import with_devices  # noqa: E402
+from tests.xla_flags import with_devices
 
 os.environ["XLA_FLAGS"] = with_devices(8)
 

@@ -6,7 +6,7 @@ CPU devices; the mesh {"data": 2, "expert": 2} spans both processes. Run by test
 import os
 import sys
 
-from tests.xla_flags import with_devices  # noqa: E402
+from tests.xla_flags import with_devices
 
 os.environ["XLA_FLAGS"] = with_devices(2)
 

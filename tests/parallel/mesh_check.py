@@ -9,7 +9,7 @@ Usage: python tests/parallel/mesh_check.py llama|qwen3_moe|mixtral
 import os
 import sys
 
-from tests.xla_flags import with_devices  # noqa: E402
+from tests.xla_flags import with_devices
 
 os.environ["XLA_FLAGS"] = with_devices(8)
 

@@ -8,7 +8,7 @@ Usage: python tests/parallel/mp_engine_check.py PROCESS_ID NUM_PROCESSES PORT (r
 import os
 import sys
 
-from tests.xla_flags import with_devices  # noqa: E402
+from tests.xla_flags import with_devices
 
 os.environ["XLA_FLAGS"] = with_devices(1)
 

@@ -33,8 +33,7 @@ def run_check(*args, timeout=1200):  # generous: CI's 2 cores also run the other
 
 # Slow-marked, beyond the grid: llama_weights_spec (quantized weights and every speculative method at T=2; with an
 # empty compilation cache ~450 s of a CI worker under load, the most of any test) and moe_quantized (NVFP4 attention
-# beside float experts under TP and EP: three more engines per MoE family
-# to compile: 46 s beside the two families' 132 s, empty cache)
+# beside float experts under TP and EP, three more engines per MoE family: 46 s beside the families' 132 s)
 @pytest.mark.parametrize("family", ["llama", pytest.param("llama_weights_spec", marks=pytest.mark.slow), "qwen3_moe",
                                     "mixtral", pytest.param("moe_quantized", marks=pytest.mark.slow)])
 def test_mesh_layouts_on_8_devices(family):
