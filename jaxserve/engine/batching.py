@@ -108,12 +108,18 @@ class BucketPolicy:
     path), so one table width (the longest) serves every step; with that many fewer programs,
     decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64)
     and small ones (1, 2, 4) for low-load latency. ``lookahead``: γ of a speculative runner.
+    ``narrow_rounds``: its drafts are made on the host (suffix decoding), so a round can verify only as many
+    slots as its longest draft: ``round_widths`` are γ and every quarter of it down to 1 (γ 16: 1, 4, 16), a
+    round with short drafts costs a short verify, at most 3 programs per round shape for γ <= 16.
     """
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, block_size: int,
-                 live_pages_only: bool, lookahead: int = 0):
+                 live_pages_only: bool, lookahead: int = 0, narrow_rounds: bool = False):
         self.max_num_seqs = max_num_seqs
         self.lookahead = lookahead
+        self.round_widths = [lookahead]
+        while narrow_rounds and self.round_widths[0] >= 4:
+            self.round_widths.insert(0, self.round_widths[0] // 4)
         # Minimum buckets trade a little padded work for far fewer programs to compile.
         self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
         self.page_buckets = self._pages(-(-max_model_len // block_size), block_size, live_pages_only)
@@ -146,6 +152,10 @@ class BucketPolicy:
         return (bucket(len(entries), self.round_seq_buckets),
                 bucket(max(len(e.block_table) for e in entries), self.round_page_buckets))
 
+    def round_width(self, longest_draft: int) -> int:
+        """Draft slots of a round whose longest host draft is ``longest_draft`` tokens (``narrow_rounds``)."""
+        return bucket(max(longest_draft, 1), self.round_widths)
+
     def rows(self, num_rows: int, num_seqs: int) -> int:
         """Padded sample rows: ``num_seqs`` unless n>1 forks overflow it."""
         return bucket(num_rows, powers_of_two(num_seqs, num_rows))
@@ -166,7 +176,7 @@ class BucketPolicy:
     def num_programs(self, speculative: bool) -> int:
         """Upper bound on the step programs (plus the block copy) a runner compiles."""
         if speculative:  # fill (mixed shapes) and rounds
-            return len(self.mixed_shapes()) + len(self.round_shapes()) + 1
+            return len(self.mixed_shapes()) + len(self.round_shapes()) * len(self.round_widths) + 1
         return len(self.decode_shapes()) + len(self.mixed_shapes()) + 1
 
 

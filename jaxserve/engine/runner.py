@@ -84,7 +84,8 @@ class ModelRunner:
         self.buckets = BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                     max_model_len=max_model_len, block_size=block_size,
                                     live_pages_only=attention_backend(attention_impl).name == "xla",
-                                    lookahead=self.gamma)
+                                    lookahead=self.gamma, narrow_rounds=proposer is not None
+                                    and proposer.method == "suffix")
         build_pool = lambda: new_kv_pool(config, num_blocks, block_size, attention_impl)  # noqa: E731
         self.pool = build_pool() if layout is None else layout.new_pool(build_pool)
         self.proposer, self.draft_pool = None, None
@@ -145,7 +146,9 @@ class ModelRunner:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
                 self._run_fill(pack([WARMUP_READER], *shape), [])
             for b, m in self.buckets.round_shapes():
-                self._run_round(*self._round_inputs([], b, m))
+                inputs, extra = self._round_inputs([], b, m)
+                for width in self.buckets.round_widths if self._suffix is not None else [None]:
+                    self._run_round(inputs, extra if width is None else (extra[0][:, :width], extra[1]))
         self._copy_blocks([(0, 0)])  # a self-copy: harmless
         return self.num_compilations - before
 
@@ -253,7 +256,8 @@ class ModelRunner:
 
     def _suffix_drafts(self, entries: list[ScheduledSequence], b: int) -> tuple[np.ndarray, np.ndarray]:
         """Each round row's host draft from its suffix trees, brought up to its last token first:
-        drafts i32[B, G] and their lengths i32[B] (0 for padding rows)."""
+        drafts i32[B, W] and their lengths i32[B] (0 for padding rows), W the bucketed width of the longest
+        (``BucketPolicy.round_width``: rounds whose contexts matched little verify few slots)."""
         drafts, lengths = np.zeros((b, self.gamma), np.int32), np.zeros(b, np.int32)
         for i, e in enumerate(entries):
             have = self._suffix.num_tokens(e.seq_id)
@@ -263,7 +267,7 @@ class ModelRunner:
             self._suffix.extend(e.seq_id, e.seq.token_slice(have, e.start_pos + 1))
             d = self._suffix.propose(e.seq_id, self.gamma).tokens
             drafts[i, :len(d)], lengths[i] = d, len(d)
-        return drafts, lengths
+        return drafts[:, :self.buckets.round_width(int(lengths.max(initial=0)))], lengths
 
     def _retire_suffix(self, scheduled: list[ScheduledSequence]) -> None:
         """Finished sequences' trees go; their outputs join the global tree (earlier requests' outputs)."""

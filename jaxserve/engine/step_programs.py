@@ -94,7 +94,7 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
     """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1], Medusa's
     next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the n-gram history i32[B, H], the
     Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), or suffix decoding's
-    host drafts i32[B, G] and their lengths i32[B]."""
+    host drafts i32[B, W] (W <= G: the round's width) and their lengths i32[B]."""
     TRACES[0] += 1
     with matmul_context(quant):
         if method == "draft_model":
@@ -106,7 +106,7 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
                             max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl, layout=layout)
         elif method == "suffix":
-            r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config,
+            r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config, max_gamma=gamma,
                              attention_impl=attention_impl, layout=layout)
         else:
             r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,

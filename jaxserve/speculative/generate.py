@@ -236,13 +236,13 @@ def _suffix_start(target_params, prompts, prompt_lens, max_tokens, sampling, eos
                   block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity, attention_impl=attention_impl)
 
 
-@partial(jax.jit, static_argnames=("target_config", "attention_impl"), donate_argnames=("state",))
-def _suffix_step(target_params, state: LoopState, drafts, num_drafts, max_tokens, eos, *, target_config,
+@partial(jax.jit, static_argnames=("target_config", "gamma", "attention_impl"), donate_argnames=("state",))
+def _suffix_step(target_params, state: LoopState, drafts, num_drafts, max_tokens, eos, *, target_config, gamma,
                  attention_impl):
     """One round over host drafts i32[B, G] of lengths i32[B] -> (state, tokens i32[B, G+1], accepted i32[B])."""
     TRACES["suffix_round"] += 1
     r = suffix_round(target_params, state.target_pool, state.inputs, drafts, num_drafts,
-                     target_config=target_config, attention_impl=attention_impl)
+                     target_config=target_config, max_gamma=gamma, attention_impl=attention_impl)
     state = _commit(state, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool,
                     drafted=jnp.clip(num_drafts, 0, drafts.shape[1]))
     return state, r.tokens, r.num_accepted
@@ -270,7 +270,7 @@ def _suffix_program(target_params, draft_params, prompts, prompt_lens, max_token
             drafts[i, :len(d)], num_drafts[i] = d, len(d)
         width = min(bucket(max(int(num_drafts.max()), 1), widths), gamma)
         state, toks, acc = _suffix_step(target_params, state, drafts[:, :width], num_drafts, max_tokens, eos,
-                                        target_config=target_config, attention_impl=attention_impl)
+                                        target_config=target_config, gamma=gamma, attention_impl=attention_impl)
         live = ~done
         toks, acc, done = jax.device_get((toks, acc, state.done))
         for i in np.flatnonzero(live):

@@ -18,18 +18,23 @@ import jax.numpy as jnp
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.parallel.layout import Layout
-from jaxserve.speculative.rejection import round_uniforms
+from jaxserve.speculative.rejection import given_draft_uniforms
 from jaxserve.speculative.round import RoundInputs, RoundOutputs, accept_and_advance, target_verify
 
 
 def suffix_round(target_params: dict, target_pool: KVPool, inputs: RoundInputs, drafts: jax.Array,
-                 num_drafts: jax.Array, *, target_config: ModelConfig, attention_impl: str = "auto",
-                 layout: Layout | None = None) -> RoundOutputs:
-    """``spec_round`` with given drafts i32[B, G] of per-row lengths num_drafts i32[B]; no draft pool."""
+                 num_drafts: jax.Array, *, target_config: ModelConfig, max_gamma: int | None = None,
+                 attention_impl: str = "auto", layout: Layout | None = None) -> RoundOutputs:
+    """``spec_round`` with given drafts i32[B, G] of per-row lengths num_drafts i32[B]; no draft pool.
+    ``max_gamma`` (None: G): the widest round the caller runs; the randomness is drawn for it, so a row's
+    sample does not depend on G (see ``given_draft_uniforms``)."""
     s = inputs.sampling
     gamma = drafts.shape[1]
-    u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
-                       jnp.all(s.temperature <= 0))
+    max_gamma = gamma if max_gamma is None else max_gamma
+    if not 0 <= gamma <= max_gamma:
+        raise ValueError(f"suffix_round: drafts are {gamma} wide, past max_gamma={max_gamma}")
+    u = given_draft_uniforms(s.seed, s.index, inputs.positions + 1, gamma, max_gamma, target_config.vocab_size,
+                             jnp.all(s.temperature <= 0))
     num_drafts = jnp.clip(num_drafts, 0, gamma).astype(jnp.int32)
     padded = jnp.arange(gamma)[None, :] >= num_drafts[:, None]
     x = jnp.where(padded, inputs.last_tokens[:, None], drafts).astype(jnp.int32)  # any valid id in the padding

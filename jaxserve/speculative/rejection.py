@@ -66,6 +66,29 @@ def round_uniforms(seed: jax.Array, index: jax.Array, position: jax.Array, gamma
     return jax.lax.cond(all_greedy, lambda: jnp.zeros(shape, jnp.float32), random)
 
 
+def given_draft_uniforms(seed: jax.Array, index: jax.Array, position: jax.Array, width: int, max_gamma: int,
+                         vocab: int, all_greedy: jax.Array) -> jax.Array:
+    """``round_uniforms``' layout f32[B, W+1, V+1] for a round over given (deterministic) drafts W <= max_gamma
+    wide, filled only where ``rejection_sample`` reads with given drafts: acceptance ``[:, :W, V]`` and the
+    final draw ``[:, W, :V]``.
+
+    The values do not depend on W: one draw of max_gamma + V per row key, acceptance uniform j is its j-th
+    value and the final draw its last V. A row with a draft of length L emits the same tokens in a round of
+    any width W >= L, so a program narrowed to the batch's longest draft leaves every row's sample as it
+    was (the engine picks the width from the whole batch). It also draws max_gamma + V values per row where
+    ``round_uniforms`` draws (γ + 1)(V + 1).
+    """
+    tiny = jnp.finfo(jnp.float32).tiny
+    shape = (seed.shape[0], width + 1, vocab + 1)
+
+    def random():
+        keys = row_keys(seed, index, position)
+        r = jax.vmap(lambda k: jax.random.uniform(k, (max_gamma + vocab,), minval=tiny))(keys)  # f32[B, γ + V]
+        u = jnp.zeros(shape, jnp.float32).at[:, :width, vocab].set(r[:, :width])
+        return u.at[:, width, :vocab].set(r[:, max_gamma:])
+    return jax.lax.cond(all_greedy, lambda: jnp.zeros(shape, jnp.float32), random)
+
+
 def draw(probs: jax.Array, uniforms: jax.Array, all_greedy: jax.Array) -> jax.Array:
     """Gumbel-max draw from probs f32[..., V] driven by uniforms f32[..., V]; i32[...].
 

@@ -4,7 +4,7 @@ Greedy outputs are checked against an uncached ``forward_full`` oracle, sampled 
 randomised-PIT test of ``test_generate`` under the target's exact conditionals. Every engine here
 shares one model config and one engine config, so the draft-model programs compile once for the
 module (compiles dominate its run time on CPU); n-gram and Medusa engines are marked slow (suffix
-decoding's round program is one more, ~5 s, and it is the only test of the engine's host drafts).
+decoding's round programs, at γ 4 in widths 1 and 4, are two more, and the only test of the engine's host drafts).
 """
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ import pytest
 import tokenizers
 
 from jaxserve import LLM, SamplingParams, SpeculativeConfig
+from jaxserve.engine.batching import BucketPolicy
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
 from jaxserve.tokenizer import Tokenizer
@@ -73,8 +74,8 @@ def oracle(models, prompts):
     return greedy_oracle(models["target"], prompts)
 
 
-def spec_llm(models, draft="near", method="draft_model"):
-    spec = SpeculativeConfig(method=method, num_speculative_tokens=GAMMA)
+def spec_llm(models, draft="near", method="draft_model", gamma=GAMMA):
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma)
     weights = (CONFIG, models[draft]) if method == "draft_model" else draft
     return LLM.from_params(CONFIG, models["target"], speculative=spec, draft=weights, **ENGINE)
 
@@ -286,12 +287,13 @@ def test_ngram_engine_greedy_equals_target_greedy(models, prompts, oracle):
 
 def test_suffix_engine_greedy_equals_target_greedy_and_reuses_earlier_outputs(models, prompts, oracle):
     """Suffix decoding in the engine: host trees per sequence, drafts of 0..γ tokens, exact greedy tokens;
-    the second run of the same prompts drafts from the first's outputs (the global tree)."""
-    llm = spec_llm(models, draft=None, method="suffix")
+    the second run of the same prompts drafts from the first's outputs (the global tree). γ 4: rounds whose
+    drafts are at most 1 token run the 1-wide program (``BucketPolicy.round_widths``)."""
+    llm = spec_llm(models, draft=None, method="suffix", gamma=4)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     cold = llm.stats()
     assert cold["spec_method"] == "suffix" and cold["spec_rounds"] > 0
-    assert cold["spec_drafted"] < cold["spec_rounds"] * GAMMA  # adaptive: short matches draft less
+    assert cold["spec_drafted"] < cold["spec_rounds"] * 4  # adaptive: short matches draft less
     assert cold["spec_generated"] == len(prompts) * MAX_TOKENS
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     warm = llm.stats()
@@ -302,11 +304,12 @@ def test_suffix_engine_greedy_equals_target_greedy_and_reuses_earlier_outputs(mo
 
 
 def test_suffix_engine_sampling_follows_the_target(models):
-    """96 requests with their own seeds, 4 at a time: later ones also draft from earlier outputs."""
+    """96 requests with their own seeds, 4 at a time: later ones also draft from earlier outputs; rounds of
+    width 1 and 4 (γ 4)."""
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, CONFIG.vocab_size, int(n)).tolist() for n in rng.integers(1, 17, 96)]
     params = [SamplingParams(max_tokens=12, temperature=1.0, seed=i, ignore_eos=True) for i in range(96)]
-    llm = spec_llm(models, draft=None, method="suffix")
+    llm = spec_llm(models, draft=None, method="suffix", gamma=4)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.stats()["spec_accepted"] > 100
     stat, df = _uniformity(_pits(outs, models["target"], np.random.default_rng(12)))
@@ -385,3 +388,16 @@ def test_bad_draft_vocab_settings_raise_before_anything_is_built(models):
     with pytest.raises(ValueError, match=r"draft_vocab_size must be an int in \[1, 16\].*got 32"):
         LLM.from_params(CONFIG, models["target"], speculative=spec.__class__(draft_vocab_size=32),
                         draft=(CONFIG, models["near"], None, np.ones(16)), **ENGINE)
+
+
+def test_host_drafted_rounds_are_as_wide_as_their_longest_draft():
+    """Suffix rounds verify min(width >= longest draft) slots among γ and its quarters; other proposers γ."""
+    def policy(gamma, narrow):
+        return BucketPolicy(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=16,
+                            live_pages_only=True, lookahead=gamma, narrow_rounds=narrow)
+    assert [policy(g, True).round_widths for g in (2, 3, 4, 8, 16, 20)] == [[2], [3], [1, 4], [2, 8], [1, 4, 16],
+                                                                             [1, 5, 20]]
+    p = policy(16, True)
+    assert [p.round_width(n) for n in (0, 1, 2, 4, 5, 16)] == [1, 1, 4, 4, 16, 16]
+    assert p.num_programs(True) == len(p.mixed_shapes()) + 3 * len(p.round_shapes()) + 1
+    assert policy(16, False).round_widths == [16]

@@ -5,13 +5,16 @@ token is distributed as the target's p. Checked per position with context-free p
 reaches position i only if it accepted the i earlier drafts; given that, token i ~ p_i), and over
 a two-round token stream with bigram (context-dependent) p and q.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spec_stats import assert_matches, assert_mismatch
-from jaxserve.speculative.rejection import PAD_TOKEN, draw, greedy_accept, probs_from_logits, rejection_sample
+from jaxserve.speculative.rejection import (PAD_TOKEN, draw, given_draft_uniforms, greedy_accept, probs_from_logits,
+                                           rejection_sample)
 
 V, G, N = 12, 3, 200_000  # every sampler call has this shape: one compile each
 
@@ -184,3 +187,36 @@ def test_drafts_past_a_rows_length_are_never_accepted_and_the_stream_stays_exact
         assert_matches(np.bincount(tokens[reached, i], minlength=V), p1[i], max_tv=0.05)  # chi2 is the sharp check
         at_pad = n == lengths  # rows whose slot n is their first padded one: a plain draw from p_n
         assert_matches(np.bincount(tokens[at_pad & (lengths == i), i], minlength=V), p1[i], max_tv=0.05)
+
+
+def test_given_draft_rounds_sample_the_same_tokens_at_every_width():
+    """The engine narrows a suffix round to its batch's longest draft (bucketed): a row with a draft of
+    length L must emit the same tokens in a round of any width W >= L (so a row's sample does not depend
+    on the other rows), and those tokens must still follow the target (the per-row draw is new)."""
+    rng = np.random.default_rng(13)
+    n, g_max = 4096, 7
+    lengths = jnp.asarray(rng.integers(0, 3, n), jnp.int32)  # every row fits the narrowest width below
+    p = jnp.asarray(np.asarray(_filtered(jnp.asarray(rng.normal(size=(g_max + 1, V)) * 1.5, jnp.float32), 0, 1.0)))
+    draft = jnp.broadcast_to(p[:g_max].argmax(-1).astype(jnp.int32), (n, g_max))
+    seed, index, pos = (jnp.asarray(rng.integers(0, 2**31, n), jnp.uint32), jnp.zeros(n, jnp.int32),
+                        jnp.asarray(rng.integers(0, 100, n), jnp.int32))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def round_at(width):
+        u = given_draft_uniforms(seed, index, pos, width, g_max, V, jnp.bool_(False))
+        valid = jnp.arange(width)[None, :] < lengths[:, None]
+        q = jnp.where(valid[..., None], jax.nn.one_hot(draft[:, :width], V), 0.0)
+        probs = jnp.broadcast_to(p[:width + 1], (n, width + 1, V))  # the target at each slot of the round
+        return rejection_sample(draft[:, :width], q, probs, u, jnp.zeros(n, bool), valid)
+
+    tokens = {w: tuple(map(np.asarray, round_at(w))) for w in (2, 4, g_max)}
+    for w in (4, g_max):
+        np.testing.assert_array_equal(tokens[w][1], tokens[2][1])  # accepted counts
+        np.testing.assert_array_equal(tokens[w][0][:, :3], tokens[2][0])  # the emitted tokens
+        assert (tokens[w][0][:, 3:] == PAD_TOKEN).all()
+    toks, acc = tokens[2]
+    last = toks[np.arange(n), acc]  # the correction / bonus token: from the residual, or p itself past the draft
+    at_pad = acc == np.asarray(lengths)
+    for length in range(3):
+        rows = at_pad & (np.asarray(lengths) == length)
+        assert_matches(np.bincount(last[rows], minlength=V), np.asarray(p[length]), max_tv=0.08)
