@@ -597,10 +597,13 @@ inline void fp4_scales(__m256i bytes, float ts, __m256 (&s)[4]) {
       // (No F16C: -march=native on a VM that hides it.) Normal E4M3 magnitudes are the byte's exponent and
       // mantissa in float32's, rebiased (+120); subnormals (exponent 0) are mantissa x 2^-9; 0x7F is NaN.
       const __m256i mag = _mm256_and_si256(d, _mm256_set1_epi32(0x7F));
-      const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+      const __m256 normal =
+          _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
       const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.f / 512));
-      const __m256 v = _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
-      const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7FC00000));
+      const __m256 v =
+          _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+      const __m256i nan =
+          _mm256_and_si256(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7FC00000));
       bits = _mm256_or_si256(_mm256_or_si256(_mm256_castps_si256(v), nan),
                              _mm256_slli_epi32(_mm256_and_si256(d, _mm256_set1_epi32(0x80)), 24));
     } else {
