@@ -504,8 +504,8 @@ void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 // ---- block-scaled FP4 [K, N]: float32 x times the dequantized float32 weight ----
 // Decoding, not memory, bounds this kernel on AVX2: the first version (a code byte per 32-bit lane, vpermps +
 // shifts + a sign xor per nibble, a multiply by the block scale per weight, scales gathered from a 256-entry table
-// per 8 columns) streamed ~3 GB/s of packed weights on a 2-core AMD EPYC (Zen 3) VM; this one 7-9 GB/s, one
-// thread. Per 32 columns of a codes row (64 weights):
+// per 8 columns) streamed ~3 GB/s of packed weights on a 2-core AMD EPYC (Zen 3) VM, this one 7-8 GB/s (one
+// thread, a C++ loop over weights beyond L3; benchmarks/cpu_matmul.py: ~2x). Per 32 columns of a codes row:
 // - 32 nibbles per vpshufb: two 16-entry byte tables give the low and the high byte of each code's E2M1 value as
 //   bf16 (exact: E2M1 values have 2 significant bits), vpunpck{l,h}bw joins them into bf16 words, and a shift
 //   (even words) or a mask (odd words) makes float32 of them: no int -> float conversion, no per-weight
@@ -513,7 +513,8 @@ void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 //   bits: that byte holds the sign and 7 of the 8 exponent bits only, so it reaches powers of 4; 1, 1.5, 3, 6
 //   need the next byte too. fp16's top byte does hold them all, but vcvtph2ps was ~30% slower than the shifts.)
 //   The shift and mask measured 5-8% faster than vpunpck{l,h}wd with zero. What is left is ~9 cycles per 64
-//   weights: ~13 shuffle/shift ops on two ports plus 8 FMAs.
+//   weights, ~28 vector ops (13 shuffles and shifts, 8 FMAs, masks, loads); shifts done as vpmulld instead
+//   changed nothing, so the op count, not one port, looks like the limit.
 // - The block scale (x the tensor scale) is applied once per block and column: the products of x and the E2M1
 //   values (exact inside the FMAs) are summed over the block, then acc = fma(block sum, scale, acc), one rounding.
 //   The reference instead rounds each dequantized weight (E2M1 value x scale can need 25 bits) and sums x * weight:
