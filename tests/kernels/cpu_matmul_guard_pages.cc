@@ -1,7 +1,9 @@
 // The CPU matmul kernels (jaxserve/kernels/cpu/matmul.cc, included whole: whichever implementation -march=native
 // selects) on buffers that end at, or (argument "front") start at, a PROT_NONE page: a read or write outside a
 // buffer faults. Also checks the results against a double-precision reference of the same semantics (x rounded
-// to bf16 for the bf16 kernels; the exact dequantized weight for FP4). Built and run by test_cpu_matmul.py.
+// to bf16 for the bf16 kernels; the exact dequantized weight for FP4, E4M3 and E8M0 scale bytes), and, for the
+// AVX2 build, the FP4 kernel's scale byte decoding against the handler's table, every byte. Built and run by
+// test_cpu_matmul.py.
 //
 // threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
 #include "matmul.cc"
@@ -83,13 +85,17 @@ int main(int argc, char** argv) {
           uint8_t* codes = guarded<uint8_t>(K / 2 * N);
           for (int64_t i = 0; i < K / 2 * N; ++i) codes[i] = uint8_t(rng());
           uint8_t* scales = guarded<uint8_t>(K / bs * N);
-          for (int64_t i = 0; i < K / bs * N; ++i) scales[i] = uint8_t(110 + rng() % 30);  // E8M0: 2^-17 .. 2^12
+          for (int kind : {0, 1}) {  // scale_kind 0: E4M3 bytes (any but NaN), 1: E8M0 (2^-17 .. 2^12)
+          for (int64_t i = 0; i < K / bs * N; ++i) {
+            scales[i] = kind == 0 ? uint8_t(rng()) : uint8_t(110 + rng() % 30);
+            if (kind == 0 && (scales[i] & 0x7F) == 0x7F) scales[i] ^= 1;
+          }
           float lut[256];
-          for (int b = 0; b < 256; ++b) lut[b] = decode_e8m0(b) * 0.75f;
+          for (int b = 0; b < 256; ++b) lut[b] = (kind == 0 ? decode_e4m3(b) : decode_e8m0(b)) * 0.75f;
           for (bool x_bf16 : {false, true}) {
             if (x_bf16)  // that mode's x holds bf16 values
               for (int64_t i = 0; i < M * K; ++i) x[i] = from_bf16(to_bf16(x[i]));
-            fp4_kn(pool, x, M, K, codes, scales, bs, lut, N, y, x_bf16, 1);
+            fp4_kn(pool, x, M, K, codes, scales, bs, lut, kind, 0.75f, N, y, x_bf16, 1);
             for (int64_t m = 0; m < M; ++m)
               for (int64_t n = 0; n < N; ++n) {
                 double sum = 0, magnitude = 0;
@@ -102,8 +108,38 @@ int main(int argc, char** argv) {
                 check(y[m * N + n], sum, magnitude);
               }
           }
+          }
         }
       }
-  std::printf("%lld outputs, worst |error| / sum |products| = %.3g\n", (long long)g_outputs, g_worst);
-  return g_worst <= 1e-5 ? 0 : 1;  // float32 sums of up to 64 exact products: <= 63 * 2^-24 relative
+  int64_t scale_mismatches = 0;
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__))
+  // The AVX2 kernel decodes the scale bytes itself (no table): every byte of both kinds, bit for bit against the
+  // table the handler builds for the AVX-512 kernel (decode x tensor scale), NaN for NaN.
+  for (float ts : {0.75f, 1.0f, 3.0517578e-05f, 1.7e-30f, 6.1e+20f, -2.5f})
+    for (int kind : {0, 1})
+      for (int b0 = 0; b0 < 256; b0 += 32) {
+        alignas(32) uint8_t bytes[32];
+        for (int i = 0; i < 32; ++i) bytes[i] = uint8_t(b0 + i);
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes));
+        __m256 s[4];
+        if (kind == 0) fp4_scales<0>(v, ts, s);
+        else fp4_scales<1>(v, ts, s);
+        for (int q = 0; q < 4; ++q) {  // group order: E0, O0 = E0 + 1, E1 = E0 + 8, O1 = E0 + 9
+          alignas(32) float got[8];
+          _mm256_store_ps(got, s[q]);
+          for (int l = 0; l < 8; ++l) {
+            const int b = b0 + (l < 4 ? 2 * l : 16 + 2 * (l - 4)) + (q & 1) + 8 * (q >> 1);
+            const float want = (kind == 0 ? decode_e4m3(b) : decode_e8m0(b)) * ts;
+            if (std::isnan(want) ? !std::isnan(got[l]) : std::memcmp(&want, &got[l], 4) != 0) {
+              if (scale_mismatches++ < 5)
+                std::printf("scale kind %d byte %d ts %g: %g, want %g\n", kind, b, ts, got[l], want);
+            }
+          }
+        }
+      }
+#endif
+  std::printf("%lld outputs, worst |error| / sum |products| = %.3g; %lld scale decode mismatches\n",
+              (long long)g_outputs, g_worst, (long long)scale_mismatches);
+  // float32 sums of up to 64 exact products (FP4 on AVX2: plus one rounding per block): <= (63 + 32) * 2^-24 relative
+  return g_worst <= 1e-5 && scale_mismatches == 0 ? 0 : 1;
 }

@@ -66,7 +66,8 @@ def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
     x = jnp.asarray(rng.standard_normal((m, k)), x_dtype)
     w = quantize(jnp.asarray(rng.standard_normal((k, n)) * 0.05, jnp.float32), fmt, axis=0)
     got = jax.jit(lambda x, w: cpu.fp4_matmul_cpu(x, w, out_dtype=jnp.float32))(x, w)
-    # the kernel decodes to exactly dequantize(w)'s float32 values; only the summation order differs
+    # the kernel decodes to exactly dequantize(w)'s codes and scales; the summation order differs, and (AVX2, or bf16
+    # x on AVX-512) each block's sum is scaled once instead of each weight: rounding of the same order (matmul.cc)
     assert _rel(got, fp4_matmul_reference(x, w, out_dtype=jnp.float32)) <= 5e-6
 
 

@@ -1,4 +1,4 @@
-// Weight-only CPU matmuls for decoding (few rows), as XLA FFI handlers: AVX-512, float32 sums.
+// Weight-only CPU matmuls for decoding (few rows), as XLA FFI handlers: AVX-512 or AVX2+FMA, float32 sums.
 //
 //   jaxserve_bf16_matmul_kn:  y f32[M, N] = x f32[M, K] @ w bf16[K, N]          (a Dense kernel)
 //   jaxserve_bf16_matmul_nk:  y f32[M, N] = x f32[M, K] @ e bf16[N, K]^T        (a tied embedding)
@@ -8,9 +8,11 @@
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
-// (a 16-bit shift), FP4 codes are decoded with a 16-entry table (vpermps) and multiplied by
-// their block scale times the tensor scale, exactly the float32 weight the jnp reference
-// dequantizes to; only the summation order differs from XLA's dot.
+// (a 16-bit shift); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
+// AVX-512 float32-x path multiplies each by its block scale times the tensor scale, exactly the
+// float32 weight the jnp reference dequantizes to, so only the summation order differs from XLA's
+// dot; its bf16-x path and the AVX2 kernel sum each block's unscaled products, then multiply the
+// block sum by the scale (one more rounding per block; see the AVX2 FP4 section).
 //
 // Work is split into column chunks (rows of e for _nk) claimed from an atomic counter by the
 // calling thread and by helpers scheduled on XLA's intra-op thread pool. The caller only waits
@@ -318,8 +320,11 @@ void fp4_kn_tile_bf16(const uint32_t* xp, int64_t Kp2, int64_t K, const uint8_t*
     for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
 }
 
+constexpr bool kFp4ScaleLut = true;  // fp4_kn gathers block scale x tensor scale from the handler's table
+
 void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
-            int64_t block_size, const float* lut, int64_t N, float* yp, bool x_bf16, int64_t threads) {
+            int64_t block_size, const float* lut, int64_t /*scale_kind*/, float /*tensor_scale*/, int64_t N,
+            float* yp, bool x_bf16, int64_t threads) {
   if (x_bf16) {
     int64_t Kp;
     const std::vector<uint32_t> xb = x_bf16_pairs(xp, M, K, &Kp);
@@ -340,11 +345,11 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
 
 #elif defined(__AVX2__) && defined(__FMA__)
 // ======== AVX2 + FMA ========
-// 8 float32 lanes. The register tiles (_nk, FP4) keep MT x kVecs accumulators plus the weight and x registers
-// within the 16 ymm registers, so rows of x go in groups of up to 2 (rows_in_groups<2>) rather than 4.
+// 8 float32 lanes, 16 ymm registers. The _nk register tile keeps MT x kVecs accumulators plus the weight and x
+// registers, so rows of x go in groups of up to 2 (rows_in_groups<2>) rather than 4. The _kn kernels (bf16, FP4)
+// stream row segments into float32 sums in L1 instead (see bf16_kn_chunk).
 
-constexpr int kVecs = 4;                 // 8-lane vectors per FP4 column chunk; rows of e per _nk tile
-constexpr int64_t kChunk = 8 * kVecs;    // 32 columns per FP4 chunk (32 bytes of a codes row)
+constexpr int kVecs = 4;  // rows of e per _nk tile
 
 // Lanes [0, left) set, for vmaskmovps (left clamped to [0, 8]).
 inline __m256i lane_mask(int64_t left) {
@@ -379,27 +384,6 @@ inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// Calls f(std::true_type()) when a tile's columns are all inside the matrix, else f(std::false_type()): full
-// tiles compile without the tail checks of load8 / store8.
-template <class F>
-void full_or_tail(bool full, const F& f) {
-  if (full) f(std::true_type());
-  else f(std::false_type());
-}
-
-template <int MT>
-void zero(__m256 (&acc)[MT][kVecs]) {
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < kVecs; ++j) acc[i][j] = _mm256_setzero_ps();
-}
-
-// acc[i][j] -> y[i, n0 + 8j ...], the columns below N only (left = N - n0).
-template <int MT>
-void store_tile(const __m256 (&acc)[MT][kVecs], float* y, int64_t N, int64_t n0, int64_t left) {
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < kVecs; ++j) store8(y + i * N + n0 + 8 * j, acc[i][j], left - 8 * j);
 }
 
 // ---- bf16 weights: x rounded to bf16 (kept as float32), products exact, float32 FMAs ----
@@ -518,56 +502,244 @@ void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 }
 
 // ---- block-scaled FP4 [K, N]: float32 x times the dequantized float32 weight ----
-// The E2M1 values of the nibbles at bits [shift, shift + 4) of lanes c: codes 8-15 are codes 0-7 negated (8 is
-// -0), so vpermps looks the magnitude up among kE2M1's first 8 entries by bits shift..shift+2 and bit shift+3
-// sets the sign.
-template <int kShift>
-inline __m256 decode_e2m1(__m256i c, __m256 magnitudes) {
-  const __m256 mag = _mm256_permutevar8x32_ps(magnitudes, kShift ? _mm256_srli_epi32(c, kShift) : c);
-  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(c, 28 - kShift), _mm256_set1_epi32(INT32_MIN));
-  return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+// Decoding, not memory, bounds this kernel on AVX2: the first version (a code byte per 32-bit lane, vpermps +
+// shifts + a sign xor per nibble, a multiply by the block scale per weight, scales gathered from a 256-entry table
+// per 8 columns) streamed ~3 GB/s of packed weights on a 2-core AMD EPYC (Zen 3) VM, this one 7-8 GB/s (one
+// thread, a C++ loop over weights beyond L3; benchmarks/cpu_matmul.py: ~2x). Per 32 columns of a codes row:
+// - 32 nibbles per vpshufb: two 16-entry byte tables give the low and the high byte of each code's E2M1 value as
+//   bf16 (exact: E2M1 values have 2 significant bits), vpunpck{l,h}bw joins them into bf16 words, and a shift
+//   (even words) or a mask (odd words) makes float32 of them: no int -> float conversion, no per-weight
+//   arithmetic. (A table of the float32's top byte alone cannot work, though all E2M1 values have 16 zero low
+//   bits: that byte holds the sign and 7 of the 8 exponent bits only, so it reaches powers of 4; 1, 1.5, 3, 6
+//   need the next byte too. fp16's top byte does hold them all, but vcvtph2ps was ~30% slower than the shifts.)
+//   The shift and mask measured 5-8% faster than vpunpck{l,h}wd with zero. What is left is ~9 cycles per 64
+//   weights, ~28 vector ops (13 shuffles and shifts, 8 FMAs, masks, loads); shifts done as vpmulld instead
+//   changed nothing, so the op count, not one port, looks like the limit.
+// - The block scale (x the tensor scale) is applied once per block and column: the products of x and the E2M1
+//   values (exact inside the FMAs) are summed over the block, then acc = fma(block sum, scale, acc), one rounding.
+//   The reference instead rounds each dequantized weight (E2M1 value x scale can need 25 bits) and sums x * weight:
+//   K + K roundings against K + K / bs here, each <= 2^-24 of the sum of |products| so far. Same tolerance.
+// - Block scales are decoded arithmetically, not gathered (a vgatherdps per 8 columns took ~1/3 of the time):
+//   E4M3 bytes shifted into fp16 bit positions are the value times 2^-8 as an fp16, subnormals included, which
+//   vcvtph2ps widens exactly; E8M0 bytes shifted into the float32 exponent, 0 and 255 patched. Both give the
+//   handler's table values, decode_e4m3(b) * ts and decode_e8m0(b) * ts, bit for bit
+//   (tests/kernels/cpu_matmul_guard_pages.cc checks every byte), so the handler builds no table for this kernel.
+// - Column order: the unpacks work within 128-bit lanes, so a 32-column group's 4 float32 vectors hold columns
+//   E0 = {0,2,4,6,16,18,20,22}, O0 = E0 + 1, E1 = E0 + 8, O1 = E0 + 9. The scale bytes are put in that order
+//   (vpshufb + vpermd), the sums stay in it, and the store puts them back in column order once per call.
+// - Streaming as bf16_kn: a chunk of up to kSpan columns is walked a block (bs/2 codes rows) at a time across all
+//   of its columns, sums in a float32 L1 buffer, so the weights are read once per call, in long row segments.
+//   Tiles of 64 columns for a single row of x (one prefetch per 64-byte line, half the per-tile work), else 32.
+// y[m, n] = sum over blocks in order of scale x (sum over the block's k in order of x[m, k] * e2m1[k, n]), for
+// any chunking or thread count.
+constexpr int64_t kFp4Ahead = 32;  // codes rows prefetched ahead
+constexpr bool kFp4ScaleLut = false;  // fp4_kn decodes the scale bytes itself (scale_kind, tensor scale)
+
+struct Fp4Tables {
+  __m256i lo, hi;  // byte 0 and byte 1 of the bf16 E2M1 value of each code 0-15, in both 128-bit lanes
+};
+
+Fp4Tables fp4_tables() {
+  alignas(32) uint8_t lo[32], hi[32];
+  for (int i = 0; i < 32; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &kE2M1[i % 16], 4);  // the low 16 bits are zero: exact in bf16
+    lo[i] = uint8_t(u >> 16);
+    hi[i] = uint8_t(u >> 24);
+  }
+  return {_mm256_load_si256(reinterpret_cast<const __m256i*>(lo)),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(hi))};
 }
 
-template <int MT, bool kFull>
-void fp4_kn_tile(const float* x, int64_t K, const uint8_t* codes, const uint8_t* scales, int64_t bs,
-                 const float* scale_lut, int64_t N, float* y, int64_t n0) {
-  const __m256 magnitudes = _mm256_loadu_ps(kE2M1);
-  const int64_t left = kFull ? kChunk : N - n0;
-  __m256 acc[MT][kVecs];
-  zero(acc);
-  for (int64_t b = 0; b < K / bs; ++b) {
-    __m256 s[kVecs];  // block scale x tensor scale per column
-    for (int j = 0; j < kVecs; ++j) {
-      const __m256i idx = _mm256_cvtepu8_epi32(load8<1>(scales + b * N + n0 + 8 * j, left - 8 * j));
-      s[j] = _mm256_i32gather_ps(scale_lut, idx, 4);
+// 32 bytes at p, zeros past the first `left` (a copy of those only: a full load could read past the buffer).
+template <bool kFull>
+inline __m256i load32(const uint8_t* p, int64_t left) {
+  if (kFull) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) uint8_t buf[32] = {};
+  std::memcpy(buf, p, size_t(std::clamp<int64_t>(left, 0, 32)));
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+}
+
+// 32 scale bytes (columns 0-31) -> block scale x tensor scale, float32, in the group order E0, O0, E1, O1.
+// kind 0: E4M3, 1: E8M0 (the handler's scale_kind).
+template <int kKind>
+inline void fp4_scales(__m256i bytes, float ts, __m256 (&s)[4]) {
+  // Within each lane, bytes to the order even columns 0-6, odd 1-7, even 8-14, odd 9-15, then the lanes' dwords
+  // interleaved: 8-byte groups E0, O0, E1, O1.
+  const __m256i in_lane = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
+                                           0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(bytes, in_lane),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m128i b01 = _mm256_castsi256_si128(b), b23 = _mm256_extracti128_si256(b, 1);
+  const __m256 vts = _mm256_set1_ps(ts);
+#ifdef __F16C__
+  if (kKind == 0) {
+    // b << 7 puts an E4M3 byte's exponent and mantissa in fp16's (bias 15 vs 7: the value times 2^-8, subnormals
+    // too) and its sign at bit 14; adding bit 14 to itself moves the sign to bit 15. Magnitude 0x7F (NaN) gets
+    // fp16 exponent 31. vcvtph2ps widens exactly; x 2^8 (exact) is decode_e4m3, then the tensor scale.
+    const __m256i w[2] = {_mm256_cvtepu8_epi16(b01), _mm256_cvtepu8_epi16(b23)};
+    for (int h = 0; h < 2; ++h) {
+      const __m256i t = _mm256_slli_epi16(w[h], 7), mag = _mm256_and_si256(t, _mm256_set1_epi16(0x3F80));
+      const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3F80)),
+                                           _mm256_set1_epi16(0x7E00));
+      const __m256i half = _mm256_or_si256(_mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000))), nan);
+      const __m128i parts[2] = {_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1)};
+      for (int p = 0; p < 2; ++p)
+        s[2 * h + p] = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(parts[p]), _mm256_set1_ps(256.f)), vts);
     }
-    for (int64_t r = b * bs / 2; r < (b + 1) * bs / 2; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes + (r + 16) * N + n0), _MM_HINT_T0);
-      for (int j = 0; j < kVecs; ++j) {
-        const __m256i c = _mm256_cvtepu8_epi32(load8<1>(codes + r * N + n0 + 8 * j, left - 8 * j));
-        const __m256 lo = _mm256_mul_ps(decode_e2m1<0>(c, magnitudes), s[j]);
-        const __m256 hi = _mm256_mul_ps(decode_e2m1<4>(c, magnitudes), s[j]);
-        for (int i = 0; i < MT; ++i) {
-          const __m256 x0 = _mm256_broadcast_ss(x + i * K + 2 * r), x1 = _mm256_broadcast_ss(x + i * K + 2 * r + 1);
-          acc[i][j] = _mm256_fmadd_ps(x1, hi, _mm256_fmadd_ps(x0, lo, acc[i][j]));
+    return;
+  }
+#endif
+  const __m128i q[4] = {b01, _mm_unpackhi_epi64(b01, b01), b23, _mm_unpackhi_epi64(b23, b23)};
+  for (int j = 0; j < 4; ++j) {
+    const __m256i d = _mm256_cvtepu8_epi32(q[j]);
+    __m256i bits;
+    if (kKind == 0) {
+      // (No F16C: -march=native on a VM that hides it.) Normal E4M3 magnitudes are the byte's exponent and
+      // mantissa in float32's, rebiased (+120); subnormals (exponent 0) are mantissa x 2^-9; 0x7F is NaN.
+      const __m256i mag = _mm256_and_si256(d, _mm256_set1_epi32(0x7F));
+      const __m256 normal =
+          _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+      const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.f / 512));
+      const __m256 v =
+          _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+      const __m256i nan =
+          _mm256_and_si256(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)), _mm256_set1_epi32(0x7FC00000));
+      bits = _mm256_or_si256(_mm256_or_si256(_mm256_castps_si256(v), nan),
+                             _mm256_slli_epi32(_mm256_and_si256(d, _mm256_set1_epi32(0x80)), 24));
+    } else {
+      // 2^(b - 127) is b in the float32 exponent field; b = 0 is the subnormal 2^-127 (0x00400000), b = 255 NaN.
+      const __m256i odd = _mm256_or_si256(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()),
+                                          _mm256_cmpeq_epi32(d, _mm256_set1_epi32(255)));
+      bits = _mm256_or_si256(_mm256_slli_epi32(d, 23), _mm256_and_si256(odd, _mm256_set1_epi32(0x00400000)));
+    }
+    s[j] = _mm256_mul_ps(_mm256_castsi256_ps(bits), vts);
+  }
+}
+
+// Rows [r0, r0 + rows) of codes (one block), G x 32 columns from n0 (`left` of them inside the matrix; below 32 only
+// for a tail, G = 1), times MT rows of x: acc[i][0 .. 32 G) += scale x block sum, in group order. Each sum takes
+// one FMA per codes row and 32-column group for each of x's 2 elements; with 4 sums a row (MT = G = 1) those 2
+// would wait on the FMA latency, so that tile keeps the even and odd k apart (8 chains). MT x G = 2 has 8 chains.
+template <int kKind, int MT, int G, bool kFull>
+inline void fp4_block_rows(const float* x, int64_t K, const uint8_t* codes, const uint8_t* scale_row, float ts,
+                           int64_t N, int64_t r0, int64_t rows, int64_t n0, int64_t left, bool prefetch,
+                           const Fp4Tables& t, float* acc) {
+  static_assert(MT * G <= 2 && (kFull || G == 1));
+  constexpr int P = MT * G == 1 ? 2 : 1;
+  __m256 sum[MT][P][4 * G];
+  for (int i = 0; i < MT; ++i)
+    for (int p = 0; p < P; ++p)
+      for (int q = 0; q < 4 * G; ++q) sum[i][p][q] = _mm256_setzero_ps();
+  const uint8_t* cp = codes + r0 * N + n0;
+  for (int64_t r = r0; r < r0 + rows; ++r, cp += N) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(cp + kFp4Ahead * N), _MM_HINT_T0);
+#pragma GCC unroll 2
+    for (int g = 0; g < G; ++g) {
+      const __m256i c = load32<kFull>(cp + 32 * g, left);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {  // low nibbles: k = 2r, high: 2r + 1
+        const __m256i idx = _mm256_and_si256(h ? _mm256_srli_epi16(c, 4) : c, _mm256_set1_epi8(15));
+        const __m256i lo = _mm256_shuffle_epi8(t.lo, idx), hi = _mm256_shuffle_epi8(t.hi, idx);
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; ++u) {
+          const __m256i w = u ? _mm256_unpackhi_epi8(lo, hi) : _mm256_unpacklo_epi8(lo, hi);  // bf16 words
+          const __m256 f[2] = {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+                               _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xFFFF0000u))))};
+#pragma GCC unroll 2
+          for (int i = 0; i < MT; ++i) {
+            const __m256 xv = _mm256_broadcast_ss(x + i * K + 2 * r + h);
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; ++e)
+              sum[i][h % P][4 * g + 2 * u + e] = _mm256_fmadd_ps(xv, f[e], sum[i][h % P][4 * g + 2 * u + e]);
+          }
         }
       }
     }
   }
-  store_tile(acc, y, N, n0, left);
+  // The scales only now: live across the loop, their registers pushed sums to the stack.
+  for (int g = 0; g < G; ++g) {
+    __m256 s[4];
+    fp4_scales<kKind>(load32<kFull>(scale_row + n0 + 32 * g, left), ts, s);
+    for (int i = 0; i < MT; ++i)
+      for (int q = 0; q < 4; ++q) {
+        float* a = acc + i * kSpan + 32 * g + 8 * q;
+        const __m256 v = sum[i][0][4 * g + q];
+        const __m256 bsum = P == 2 ? _mm256_add_ps(v, sum[i][P - 1][4 * g + q]) : v;
+        _mm256_store_ps(a, _mm256_fmadd_ps(bsum, s[q], _mm256_load_ps(a)));
+      }
+  }
+}
+
+// Block b of G 32-column groups from n0: the rows of x one at a time when G = 2, else in pairs.
+template <int kKind, int G, bool kFull>
+inline void fp4_block_group(const float* x, int64_t K, int64_t MX, const uint8_t* codes, const uint8_t* scales,
+                            int64_t bs, float ts, int64_t N, int64_t b, int64_t n0, int64_t left, bool prefetch,
+                            const Fp4Tables& t, float (*acc)[kSpan]) {
+  const int64_t r0 = b * bs / 2, rows = bs / 2;
+  const uint8_t* scale_row = scales + b * N;
+  int64_t m = 0;
+  if (G == 1)
+    for (; m + 2 <= MX; m += 2)
+      fp4_block_rows<kKind, 2, 1, kFull>(x + m * K, K, codes, scale_row, ts, N, r0, rows, n0, left, prefetch, t,
+                                         acc[m]);
+  for (; m < MX; ++m)
+    fp4_block_rows<kKind, 1, G, kFull>(x + m * K, K, codes, scale_row, ts, N, r0, rows, n0, left, prefetch, t,
+                                       acc[m]);
+}
+
+template <int kKind>
+void fp4_kn_chunk(const float* x, int64_t MX, int64_t K, const uint8_t* codes, const uint8_t* scales, int64_t bs,
+                  float ts, int64_t N, float* y, int64_t n0, int64_t width, const Fp4Tables& t) {
+  alignas(32) float acc[kMaxXRows][kSpan];
+  const int64_t groups = (width + 31) / 32, full = width / 32;
+  const auto at = [&](int64_t g) { return reinterpret_cast<float(*)[kSpan]>(&acc[0][32 * g]); };
+  for (int64_t m = 0; m < MX; ++m) std::fill_n(acc[m], 32 * groups, 0.f);
+  for (int64_t b = 0; b < K / bs; ++b) {
+    _mm_prefetch(reinterpret_cast<const char*>(scales + (b + 2) * N + n0), _MM_HINT_T0);
+    int64_t g = 0;
+    if (MX == 1)  // 64 columns a tile: one prefetch per 64-byte line of each codes row
+      for (; g + 2 <= full; g += 2)
+        fp4_block_group<kKind, 2, true>(x, K, MX, codes, scales, bs, ts, N, b, n0 + 32 * g, 64, true, t, at(g));
+    for (; g < full; ++g)
+      fp4_block_group<kKind, 1, true>(x, K, MX, codes, scales, bs, ts, N, b, n0 + 32 * g, 32, g % 2 == 0, t, at(g));
+    if (full < groups)
+      fp4_block_group<kKind, 1, false>(x, K, MX, codes, scales, bs, ts, N, b, n0 + 32 * full, width - 32 * full,
+                                       full % 2 == 0, t, at(full));
+  }
+  for (int64_t m = 0; m < MX; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* a = acc[m] + 32 * g;
+      const __m256 e0 = _mm256_load_ps(a), o0 = _mm256_load_ps(a + 8), e1 = _mm256_load_ps(a + 16),
+                   o1 = _mm256_load_ps(a + 24);
+      // columns {0-3, 16-19}, {4-7, 20-23}, {8-11, 24-27}, {12-15, 28-31}
+      const __m256 c0 = _mm256_unpacklo_ps(e0, o0), c1 = _mm256_unpackhi_ps(e0, o0),
+                   c2 = _mm256_unpacklo_ps(e1, o1), c3 = _mm256_unpackhi_ps(e1, o1);
+      const __m256 out[4] = {_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c2, c3, 0x20),
+                             _mm256_permute2f128_ps(c0, c1, 0x31), _mm256_permute2f128_ps(c2, c3, 0x31)};
+      for (int j = 0; j < 4; ++j) store8(y + m * N + n0 + 32 * g + 8 * j, out[j], width - 32 * g - 8 * j);
+    }
 }
 
 // x_bf16 has no separate path here: without vdpbf16ps there is nothing to gain, and bf16 values are exact in
-// float32, so the float32 path computes the same products as the reference.
+// float32, so the float32 path computes the same products as the reference. The scale table is not used.
 void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
-            int64_t block_size, const float* lut, int64_t N, float* yp, bool /*x_bf16*/, int64_t threads) {
-  parallel_chunks(pool, (N + kChunk - 1) / kChunk, threads, [&](int64_t c) {
-    full_or_tail(N - c * kChunk >= kChunk, [&](auto full) {
-      rows_in_groups<2>(M, [&](int64_t m, auto mt) {
-        fp4_kn_tile<decltype(mt)::value, decltype(full)::value>(xp + m * K, K, cp, sp, block_size, lut, N,
-                                                                yp + m * N, c * kChunk);
-      });
-    });
+            int64_t block_size, const float* /*lut*/, int64_t scale_kind, float ts, int64_t N, float* yp,
+            bool /*x_bf16*/, int64_t threads) {
+  const Fp4Tables t = fp4_tables();
+  // Chunks of equal width (a multiple of 32, at most kSpan), their count a multiple of the threads.
+  const int64_t nt = std::max<int64_t>(threads, 1);
+  const int64_t chunks = std::max<int64_t>(1, ((N + kSpan - 1) / kSpan + nt - 1) / nt * nt);
+  const int64_t width = std::max<int64_t>(32, ((N + chunks - 1) / chunks + 31) / 32 * 32);
+  parallel_chunks(pool, (N + width - 1) / width, threads, [&](int64_t c) {
+    for (int64_t m = 0; m < M; m += kMaxXRows) {
+      const auto run = [&](auto chunk) {
+        chunk(xp + m * K, std::min(kMaxXRows, M - m), K, cp, sp, block_size, ts, N, yp + m * N, c * width,
+              std::min(width, N - c * width), t);
+      };
+      if (scale_kind == 0) run(fp4_kn_chunk<0>);
+      else run(fp4_kn_chunk<1>);
+    }
   });
 }
 
@@ -599,9 +771,10 @@ ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Bu
   // Block scale times tensor scale, as the reference multiplies them before the values.
   float lut[256];
   const float ts = *tensor_scale.typed_data();
-  for (int b = 0; b < 256; ++b) lut[b] = (scale_kind == 0 ? decode_e4m3(b) : decode_e8m0(b)) * ts;
-  fp4_kn(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size, lut, N, y->typed_data(),
-         x_bf16 != 0, threads);
+  if (kFp4ScaleLut)  // the AVX-512 kernel gathers from it; the AVX2 one decodes the bytes itself
+    for (int b = 0; b < 256; ++b) lut[b] = (scale_kind == 0 ? decode_e4m3(b) : decode_e8m0(b)) * ts;
+  fp4_kn(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size, lut, scale_kind, ts, N,
+         y->typed_data(), x_bf16 != 0, threads);
   return ffi::Error::Success();
 }
 

@@ -98,9 +98,11 @@ def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
 def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
     """x f32/bf16/f16[..., K] @ w (QuantizedTensor, fmt nvfp4/mxfp4, shape [K, N], axis 0) -> out_dtype[..., N].
 
-    The weight is decoded to exactly the values ``dequantize(w)`` gives; sums in float32
-    (``fp4_matmul_reference`` up to summation order: float32 x multiplies the dequantized weight; bf16 x
-    is summed per block with exact bf16 products, then scaled). out_dtype defaults to x's dtype."""
+    The codes are decoded to their exact E2M1 values and the scale bytes to exactly the scales
+    ``dequantize(w)`` uses; sums in float32 (``fp4_matmul_reference`` up to rounding and summation order:
+    with AVX-512, float32 x multiplies the dequantized weight and bf16 x is summed per block with exact bf16
+    products, then scaled; with AVX2, any x is summed per block, then scaled). out_dtype defaults to x's
+    dtype."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)
     if not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS:
