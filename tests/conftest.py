@@ -1,6 +1,7 @@
 """Shared test configuration: GPU-marked tests run only on a GPU backend; peers-marked tests only
 with the peers extra (torch, transformers) installed. XLA:CPU compiles the tests' programs without its backend
 optimizations (below)."""
+import gc
 import importlib.util
 import os
 
@@ -16,6 +17,31 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 
 import jax
 import pytest
+
+# XLA:CPU maps each compiled kernel's code and data as pages of their own (3 mappings per kernel), kept while its
+# executable lives in JAX's caches: 22 engine tests add ~16,500 mappings to a process. An xdist worker running half
+# the suite would pass the kernel's limit (vm.max_map_count, 65530 by default), where the next mmap fails and the
+# worker dies (an XLA compile or the persistent cache's serialize, at random). Dropping the caches unmaps them.
+MAX_MEMORY_MAPS = 40_000
+
+
+def memory_maps() -> int:
+    """This process's memory mappings (lines of /proc/self/maps; ~1 ms per 1,000)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _bounded_memory_maps():
+    """After a test, JAX's caches are cleared if the process holds more than MAX_MEMORY_MAPS mappings."""
+    yield
+    if memory_maps() > MAX_MEMORY_MAPS:
+        jax.clear_caches()
+        gc.collect()
+
 
 HAVE_PEERS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
