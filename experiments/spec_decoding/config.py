@@ -42,6 +42,11 @@ class SpecDecodingConfig:
     # both sides ~1.25x faster on a CPU with AVX512-BF16 and leaves their ratio where it was
     # (`git show f5419a8:benchmarks/RESULTS.md`, "bfloat16 matmuls")
     matmul_dtype: Optional[str] = None
+    # the target's dtype (params and activations; null: as loaded, float32). "bfloat16" on CPU runs the target's
+    # matmuls, tied LM head included, in jaxserve's bf16 kernels for up to 16 rows: a round verifying a few tokens
+    # then costs ~1.4 decode steps, ~1.9 in float32 (XLA's float32 dot of 2-16 rows is far slower than its 1-row
+    # gemv). The draft keeps its own dtype
+    dtype: Optional[str] = None
     # the draft's, when not matmul_dtype's (null: the same). The zoo draft is faster in float32 next to a
     # bf16-matmul target (its one-row dots are tiny); only acceptance depends on it
     draft_matmul_dtype: Optional[str] = None

@@ -48,13 +48,14 @@ ENGINE_FMT = {**FMT, "plain_steps": lambda r: _steps(r),
               "greedy_identical": lambda r: {True: "yes", False: "**no**"}.get(r.get("greedy_identical"), "")}
 
 
-def load(name: str, seed: int, matmul_dtype: str | None = None):
+def load(name: str, seed: int, matmul_dtype: str | None = None, dtype: str | None = None):
     """(config, params, tokenizer or None); presets get random weights."""
     if name.startswith(PRESET):
         config = get_preset(name[len(PRESET):])
+        config = config if dtype is None else config.replace(dtype=dtype)
         return (*with_matmul_dtype(config, jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed)),
                                    matmul_dtype), None)
-    return resolve_model(name, matmul_dtype=matmul_dtype)
+    return resolve_model(name, dtype, matmul_dtype)
 
 
 def _steps(r) -> str:
@@ -118,7 +119,7 @@ def proposers(cfg, tcfg, tparams):
 
 def run(cfg, out):
     check(cfg)
-    tcfg, tparams, tok = load(cfg.target, cfg.seed, cfg.matmul_dtype)
+    tcfg, tparams, tok = load(cfg.target, cfg.seed, cfg.matmul_dtype, cfg.dtype)
     widened = ""
     if cfg.target_widen_mlp:
         tcfg, tparams = widen_mlp(tcfg, tparams, cfg.target_widen_mlp)
@@ -137,7 +138,7 @@ def run(cfg, out):
                   "chat_free": " at most (chat template over open questions: experiments/spec_decoding/prompt_sets.py)"
                   }.get(cfg.prompt_set, " (repetitive: each a half-length window written twice)"
                         if cfg.repetitive_prompts else "")
-    out.text(f"Target {cfg.target}{widened}; draft {cfg.draft}{restricted}; Medusa heads "
+    out.text(f"Target {cfg.target} ({tcfg.dtype}){widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
