@@ -48,6 +48,26 @@ def test_bf16_matmul_matches_xla_dot(m, k, n, transpose_w, x_dtype):
     assert _rel(got, want) <= 5e-6
 
 
+# (M, K, N): SmolLM2's shapes, odd K and N tails (below one vector too, and 64-column chunks and a 16-row prefetch
+# distance plus a tail), K = 0
+F32_SHAPES = [(1, 576, 576), (2, 577, 65), (3, 101, 37), (5, 1536, 33), (16, 96, 161), (16, 7, 1), (2, 1, 1000),
+              (5, 0, 9)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("m, k, n", F32_SHAPES)
+@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f32_matmul_matches_xla_dot(m, k, n, transpose_w, threads):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)), jnp.float32)
+    got = jax.jit(lambda x, w: cpu.f32_matmul(x, w, transpose_w=transpose_w, threads=threads))(x, w)
+    assert got.dtype == jnp.float32 and got.shape == (m, n)
+    # x is not rounded: float32 FMAs of the same operands as XLA's float32 dot, summed in another order
+    assert _rel(got, cpu.bf16_matmul_reference(x, w, transpose_w=transpose_w)) <= 5e-6
+
+
 @needs_kernels
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_bf16_matmul_threads_agree(threads):
@@ -102,6 +122,8 @@ def test_invalid_inputs_raise_value_errors():
         cpu.bf16_matmul(jnp.zeros((1, 7)), w)
     with pytest.raises(ValueError, match="must be bfloat16"):
         cpu.bf16_matmul(jnp.zeros((1, 8)), w.astype(jnp.float32))
+    with pytest.raises(ValueError, match="must be float32"):
+        cpu.f32_matmul(jnp.zeros((1, 8)), w)
     with pytest.raises(ValueError, match="nvfp4/mxfp4"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((32, 4)), "fp8", axis=0))
     with pytest.raises(ValueError, match="axis 0"):
@@ -121,8 +143,8 @@ def test_kernels_stay_inside_their_buffers(tmp_path):
         assert proc.returncode == 0, f"{where}: rc {proc.returncode} {proc.stdout} {proc.stderr}"
 
 
-def _custom_calls(fn, *args):
-    return jax.jit(fn).lower(*args).as_text().count("jaxserve_bf16_matmul")
+def _custom_calls(fn, *args, target="jaxserve_bf16_matmul"):
+    return jax.jit(fn).lower(*args).as_text().count(target)
 
 
 @needs_kernels
