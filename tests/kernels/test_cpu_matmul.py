@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.layers import dot_via
+from jaxserve.layers import dense_dot, dot_via, tied_logits
 from pallas_kernels.fp4 import fp4_matmul_reference, quantize
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
@@ -158,11 +159,29 @@ def test_dot_via_routes_few_bf16_rows_to_the_kernel_and_many_to_xla():
     assert dot(few).dtype == jnp.bfloat16 and _rel(dot(few).astype(jnp.float32), want) <= 1e-2
 
 
+@needs_kernels
+def test_f32_dense_dot_and_tied_logits_route_2_to_16_rows_to_the_kernel():
+    rng = np.random.default_rng(5)
+    w = jnp.asarray(rng.standard_normal((64, 48)), jnp.float32)
+    embed = nn.Embed(48, 64, dtype=jnp.float32, param_dtype=jnp.float32)
+    e = {"params": {"embedding": w.T}}
+    dot = lambda x: dense_dot(jnp.float32)(x, w, DN)  # noqa: E731
+    head = lambda x: embed.apply(e, x, method=lambda m, x: tied_logits(m, x))  # noqa: E731
+    for rows, calls in ((1, 0), (2, 1), (cpu.MAX_ROWS, 1), (cpu.MAX_ROWS + 1, 0)):
+        x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
+        assert _custom_calls(dot, x, target="jaxserve_f32_matmul_kn") == calls, rows
+        assert _custom_calls(head, x, target="jaxserve_f32_matmul_nk") == calls, rows
+        assert _rel(dot(x), cpu.bf16_matmul_reference(x, w)) <= 5e-6
+        assert _rel(head(x), cpu.bf16_matmul_reference(x, w)) <= 5e-6
+
+
 def test_switch_off_keeps_xla_dot(monkeypatch):
     monkeypatch.setenv(cpu.ENV_SWITCH, "0")
     assert not cpu.usable()
     w = jnp.ones((64, 48), jnp.bfloat16)
     assert _custom_calls(lambda x: dot_via(jnp.bfloat16)(x, w, DN), jnp.ones((1, 64), jnp.bfloat16)) == 0
+    assert _custom_calls(lambda x: dense_dot(jnp.float32)(x, w.astype(jnp.float32), DN), jnp.ones((4, 64)),
+                         target="jaxserve_f32_matmul") == 0
 
 
 def test_no_compiler_falls_back_with_one_warning(monkeypatch, caplog):
