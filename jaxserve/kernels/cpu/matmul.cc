@@ -2,13 +2,14 @@
 //
 //   jaxserve_bf16_matmul_kn:  y f32[M, N] = x f32[M, K] @ w bf16[K, N]          (a Dense kernel)
 //   jaxserve_bf16_matmul_nk:  y f32[M, N] = x f32[M, K] @ e bf16[N, K]^T        (a tied embedding)
+//   jaxserve_f32_matmul_kn / _nk: the same with float32 weights (x as it is, float32 FMAs)
 //   jaxserve_fp4_matmul_kn:   y f32[M, N] = x f32[M, K] @ dequant(w)             (nvfp4 / mxfp4)
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
 //       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
-// (a 16-bit shift); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
+// (a 16-bit shift), float32 loaded as it is (the same loops, templated on the weight type); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
 // AVX-512 float32-x path multiplies each by its block scale times the tensor scale, exactly the
 // float32 weight the jnp reference dequantizes to, so only the summation order differs from XLA's
 // dot; its bf16-x path and the AVX2 kernel sum each block's unscaled products, then multiply the
