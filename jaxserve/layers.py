@@ -13,10 +13,11 @@ _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that mod
 # Fewest rows a float32 weight goes to the CPU kernel with (jaxserve.kernels.cpu.f32_matmul, both layouts): at one
 # row XLA's gemv already streams near the memory bound and the kernel was slower. Medians of 3 runs of
 # `benchmarks/cpu_matmul.py --m 1,2,5,16 --threads 2 --iters 10 --shapes 2,3,4 --paths xla_f32,kernel_f32` on the
-# 2-core AMD EPYC VM (AVX2; shared with other jobs, load average ~1.7), us, XLA's dot / the kernel:
-#   gate/up [576,1536]        M=1 131 / 142   M=2 183 / 141   M=5 306 / 175   M=16 412 / 403
-#   down [1536,576]           M=1 137 / 150   M=2 199 / 162   M=5 286 / 175   M=16 438 / 422
-#   tied head [49152,576]^T   M=1 3226 / 3815 M=2 8143 / 4186 M=5 8856 / 4761 M=16 12661 / 8482
+# 2-core AMD EPYC VM (AVX2; shared with other jobs, load average 1.0-1.8), us, XLA's dot / the kernel:
+#   gate/up [576,1536]        M=1 149 / 169   M=2 213 / 162   M=5 356 / 194   M=16 451 / 335
+#   down [1536,576]           M=1 151 / 171   M=2 226 / 187   M=5 321 / 194   M=16 500 / 382
+#   tied head [49152,576]^T   M=1 4550 / 4741 M=2 8639 / 4828 M=5 9357 / 5383 M=16 13447 / 8807
+# (An earlier set, on a quieter machine: tied head M=1 3226 / 3815, M=2 8143 / 4186.)
 _CPU_F32_MIN_ROWS = 2
 
 
