@@ -1,13 +1,15 @@
 """Weight-streaming speed of the CPU FFI matmuls (jaxserve/kernels/cpu) against XLA's dot, on SmolLM2's shapes.
 
-    python benchmarks/cpu_matmul.py [--m 1,2,16] [--threads 1,2] [--iters 15] [--out cpu_matmul.json]
+    python benchmarks/cpu_matmul.py [--m 1,2,16] [--threads 1,2] [--iters 15] [--paths xla_f32,kernel_f32]
+                                    [--out cpu_matmul.json]
 
 Each timed call runs one matmul over R distinct weights in a chain (R x weight bytes >= 96 MB, more
 than the L3), as a decode step runs 30 layers' weights, so the weights come from memory, not cache.
 Reported: median microseconds per matmul and the weight bytes read per second (GB/s).
-Paths: xla_f32 (float32 weights, XLA's dot), xla_bf16 (``jaxserve.layers.dot_via(bfloat16)``: what a bf16
-model runs without the kernel), kernel_bf16_t<threads>, and with --fp4: xla_<fmt> (dequantize, then dot:
-``fp4_matmul_reference``) and kernel_<fmt>_t<threads>.
+Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul``), xla_bf16
+(``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>, and with
+--fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads>. --paths keeps those
+whose name starts with one of its prefixes.
 """
 import argparse
 import json
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--fp4", default="nvfp4,mxfp4")
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(SHAPES))))
+    ap.add_argument("--paths", default="", help="comma-separated name prefixes of the paths to time (default: all)")
     ap.add_argument("--out")
     a = ap.parse_args()
     assert cpu.usable(), "CPU kernels unavailable"
@@ -72,6 +75,7 @@ def main():
                  "xla_bf16": (wb, lambda x, w: dot_via(jnp.bfloat16)(x.astype(jnp.bfloat16), w.T if head else w,
                                                                      DN), 2)}
         for t in map(int, a.threads.split(",")):
+            paths[f"kernel_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_matmul(x, w, transpose_w=head, threads=t), 4)
             paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
         if not head and a.fp4:
             for fmt in a.fp4.split(","):
@@ -81,6 +85,8 @@ def main():
                 for t in map(int, a.threads.split(",")):
                     paths[f"kernel_{fmt}_t{t}"] = (wq, lambda x, w, t=t: cpu.fp4_matmul_cpu(x, w, threads=t),
                                                    nb / (k * n))
+        if a.paths:
+            paths = {p: v for p, v in paths.items() if p.startswith(tuple(a.paths.split(",")))}
         for m in map(int, a.m.split(",")):
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
             for path, (ws, mm, bpw) in paths.items():

@@ -10,6 +10,15 @@ import jax
 import jax.numpy as jnp
 
 _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that module may build a library)
+# Fewest rows a float32 weight goes to the CPU kernel with (jaxserve.kernels.cpu.f32_matmul, both layouts): at one
+# row XLA's gemv already streams near the memory bound and the kernel was slower. Medians of 3 runs of
+# `benchmarks/cpu_matmul.py --m 1,2,5,16 --threads 2 --iters 10 --shapes 2,3,4 --paths xla_f32,kernel_f32` on the
+# 2-core AMD EPYC VM (AVX2; shared with other jobs, load average 1.0-1.8), us, XLA's dot / the kernel:
+#   gate/up [576,1536]        M=1 149 / 169   M=2 213 / 162   M=5 356 / 194   M=16 451 / 335
+#   down [1536,576]           M=1 151 / 171   M=2 226 / 187   M=5 321 / 194   M=16 500 / 382
+#   tied head [49152,576]^T   M=1 4550 / 4741 M=2 8639 / 4828 M=5 9357 / 5383 M=16 13447 / 8807
+# (An earlier set, on a quieter machine: tied head M=1 3226 / 3815, M=2 8143 / 4186.)
+_CPU_F32_MIN_ROWS = 2
 
 
 def dot_via(matmul_dtype):
@@ -34,7 +43,7 @@ def dot_via(matmul_dtype):
         del preferred_element_type
         out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         if jnp.dtype(matmul_dtype) == jnp.bfloat16 and _cpu_kernel_rows(lhs, rhs, dimension_numbers):
-            return _cpu_bf16_matmul(lhs, rhs.astype(jnp.bfloat16), False).astype(out_dtype)
+            return _cpu_matmul(lhs, rhs.astype(jnp.bfloat16), False).astype(out_dtype)
         rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
         if rows == 1:
             lhs = jnp.concatenate([lhs, lhs])
@@ -44,34 +53,53 @@ def dot_via(matmul_dtype):
     return dot_general
 
 
-def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0) -> bool:
+def f32_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """``lax.dot_general`` of float32 layers; on CPU, 2 to 16 rows of x against a float32 [K, N] weight go to
+    ``jaxserve.kernels.cpu.f32_matmul`` (float32 FMAs: XLA's dot up to the summation order;
+    ``JAXSERVE_CPU_KERNELS=0`` turns it off).
+
+    XLA:CPU's float32 dot is far from the memory bound at 2-16 rows, while its one-row gemv is not: see the
+    measurements at ``_CPU_F32_MIN_ROWS``."""
+    if lhs.dtype == rhs.dtype == jnp.float32 and _cpu_kernel_rows(lhs, rhs, dimension_numbers,
+                                                                  min_rows=_CPU_F32_MIN_ROWS):
+        return _cpu_matmul(lhs, rhs, False)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type)
+
+
+def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int = 1) -> bool:
     """Whether ``lhs[..., K] @ rhs`` (rhs [K, N], or [N, K] for k_axis=1) goes to the CPU kernel: few rows
-    (decoding; ``jaxserve.kernels.cpu.MAX_ROWS``), a plain 2-D weight, and the kernels usable here."""
+    (decoding: ``min_rows`` to ``jaxserve.kernels.cpu.MAX_ROWS``), a plain 2-D weight, and the kernels usable here."""
     if rhs.ndim != 2 or lhs.ndim < 1 or dimension_numbers != (((lhs.ndim - 1,), (k_axis,)), ((), ())):
         return False
     rows = math.prod(lhs.shape[:-1])
-    if not 0 < rows <= _CPU_MAX_ROWS:
+    if not max(min_rows, 1) <= rows <= _CPU_MAX_ROWS:
         return False
     from jaxserve.kernels import cpu  # imported on first use: it may build the library
     return cpu.usable()
 
 
-def _cpu_bf16_matmul(x, w_bf16, transpose_w: bool):
-    """x[..., K] rounded to bf16 (the operands XLA's bf16 dot multiplies) @ w -> f32[..., N], float32 sums."""
-    from jaxserve.kernels.cpu import bf16_matmul
-    n = w_bf16.shape[0] if transpose_w else w_bf16.shape[1]
-    y = bf16_matmul(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), w_bf16, transpose_w=transpose_w)
+def _cpu_matmul(x, w, transpose_w: bool):
+    """x[..., K] @ w (w [K, N], transpose_w: [N, K]) -> f32[..., N], float32 sums. bf16 w: x rounded to bf16 first
+    (the operands XLA's bf16 dot multiplies); float32 w: x as it is."""
+    from jaxserve.kernels.cpu import bf16_matmul, f32_matmul
+    n = w.shape[0] if transpose_w else w.shape[1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if w.dtype == jnp.bfloat16:
+        y = bf16_matmul(x2.astype(jnp.bfloat16), w, transpose_w=transpose_w)
+    else:
+        y = f32_matmul(x2, w, transpose_w=transpose_w)
     return y.reshape(*x.shape[:-1], n)
 
 
 def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
-    """``embed.attend(x)``: x[..., E] @ embedding[V, E]^T in the embedding's dtype; a few rows of a bf16
-    embedding go to the CPU kernel (as ``dot_via``'s dense layers do), which reads it without a
-    float32 copy."""
+    """``embed.attend(x)``: x[..., E] @ embedding[V, E]^T in the embedding's dtype; a few rows of a bf16 or float32
+    embedding go to the CPU kernel (as ``dot_via``'s and ``f32_dot``'s dense layers do), which reads it as stored
+    (bf16: without a float32 copy)."""
     e = embed.embedding
-    if e.dtype == jnp.bfloat16 == jnp.dtype(embed.dtype) and _cpu_kernel_rows(x, e, (((x.ndim - 1,), (1,)), ((), ())),
-                                                                              k_axis=1):
-        return _cpu_bf16_matmul(x, e, True).astype(embed.dtype)
+    if e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32) and _cpu_kernel_rows(
+            x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1,
+            min_rows=_CPU_F32_MIN_ROWS if e.dtype == jnp.float32 else 1):
+        return _cpu_matmul(x.astype(e.dtype), e, True).astype(embed.dtype)
     return embed.attend(x)
 
 
@@ -88,9 +116,9 @@ def dense(features: int, dtype, name: str, *, matmul_dtype=None, bias: bool = Fa
 
 
 def dense_dot(dtype, matmul_dtype=None):
-    """The ``dot_general`` a ``dense`` layer computes with: XLA's own for float32 throughout, else ``dot_via``."""
+    """The ``dot_general`` a ``dense`` layer computes with: ``f32_dot`` for float32 throughout, else ``dot_via``."""
     dtype, mm = jnp.dtype(dtype), jnp.dtype(matmul_dtype or dtype)
-    return jax.lax.dot_general if mm == jnp.float32 == dtype else dot_via(mm)
+    return f32_dot if mm == jnp.float32 == dtype else dot_via(mm)
 
 
 class _Dense(nn.Dense):

@@ -1,7 +1,8 @@
 // The CPU matmul kernels (jaxserve/kernels/cpu/matmul.cc, included whole: whichever implementation -march=native
 // selects) on buffers that end at, or (argument "front") start at, a PROT_NONE page: a read or write outside a
 // buffer faults. Also checks the results against a double-precision reference of the same semantics (x rounded
-// to bf16 for the bf16 kernels; the exact dequantized weight for FP4, E4M3 and E8M0 scale bytes), and, for the
+// to bf16 for the bf16 kernels, as it is for the float32 ones; the exact dequantized weight for FP4, E4M3 and E8M0
+// scale bytes), and, for the
 // AVX2 build, the FP4 kernel's scale byte decoding against the handler's table, every byte. Built and run by
 // test_cpu_matmul.py.
 //
@@ -65,21 +66,26 @@ int main(int argc, char** argv) {
         float* x = guarded<float>(M * K);
         for (int64_t i = 0; i < M * K; ++i) x[i] = normal(rng);
         uint16_t* w = guarded<uint16_t>(K * N);  // read as [K, N] by _kn and as [N, K] by _nk
-        for (int64_t i = 0; i < K * N; ++i) w[i] = to_bf16(normal(rng));
+        float* wf = guarded<float>(K * N);       // likewise
+        for (int64_t i = 0; i < K * N; ++i) wf[i] = normal(rng), w[i] = to_bf16(normal(rng));
         float* y = guarded<float>(M * N);
-        for (bool nk : {false, true}) {
-          (nk ? bf16_nk : bf16_kn)(pool, x, M, K, w, N, y, 1);
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) {
-              double sum = 0, magnitude = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                const double p = double(from_bf16(to_bf16(x[m * K + k]))) * from_bf16(nk ? w[n * K + k] : w[k * N + n]);
-                sum += p;
-                magnitude += std::fabs(p);
+        for (bool nk : {false, true})
+          for (bool f32 : {false, true}) {
+            if (f32) (nk ? matmul_nk<float> : matmul_kn<float>)(pool, x, M, K, wf, N, y, 1);
+            else (nk ? matmul_nk<uint16_t> : matmul_kn<uint16_t>)(pool, x, M, K, w, N, y, 1);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                double sum = 0, magnitude = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const int64_t i = nk ? n * K + k : k * N + n;
+                  const double p = f32 ? double(x[m * K + k]) * wf[i]
+                                       : double(from_bf16(to_bf16(x[m * K + k]))) * from_bf16(w[i]);
+                  sum += p;
+                  magnitude += std::fabs(p);
+                }
+                check(y[m * N + n], sum, magnitude);
               }
-              check(y[m * N + n], sum, magnitude);
-            }
-        }
+          }
         for (int64_t bs : {2, 16, 32}) {
           if (K % bs) continue;
           uint8_t* codes = guarded<uint8_t>(K / 2 * N);

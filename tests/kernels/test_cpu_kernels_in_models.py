@@ -11,6 +11,7 @@ import jaxserve.kernels.cpu as cpu_pkg
 from jaxserve import LLM, SamplingParams
 from jaxserve.kernels.cpu import build, matmul as cpu
 from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models.loading import resolve_model
 
 pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
                                 reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
@@ -69,6 +70,23 @@ def test_bf16_tied_head_forward_matches_xla(monkeypatch):
                         cpu_pkg, "bf16_matmul")
     # bf16 activations: each layer rounds its outputs to bf16, so sums in another order may flip a last bit
     np.testing.assert_allclose(np.asarray(on), np.asarray(off), atol=2e-2 * float(jnp.max(jnp.abs(off))))
+
+
+def test_f32_zoo_model_logits_and_greedy_tokens_equal_with_and_without_kernel(monkeypatch):
+    """Float32 (SmolLM2's draft from the zoo: Dense layers and a tied 49152-token head): 2-16 rows go to f32_matmul,
+    whose sums differ from XLA's only in their order. A forward pass over 12 tokens (12 rows: the kernel for every
+    matmul) gives the same greedy next token at each position and logits equal within float32 rounding. (A forward,
+    not ``LLM.generate``: compiling the engine's programs twice would cost ~10 s.)"""
+    config, params, _ = resolve_model("jaxserve/smollm2-135m-instruct-draft")
+    assert config.dtype == "float32" and config.matmul_dtype is None and config.tie_word_embeddings
+    tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, config.vocab_size)
+    on, off = _run_both(monkeypatch, lambda: jax.jit(forward_full, static_argnums=1)(params, config, tokens),
+                        cpu_pkg, "f32_matmul")
+    on, off = np.asarray(on[0]), np.asarray(off[0])
+    np.testing.assert_allclose(on, off, rtol=0, atol=1e-5 * np.abs(off).max())
+    top2 = np.sort(off, -1)[:, -2:]
+    tied = top2[:, 1] - top2[:, 0] <= 1e-4 * np.abs(off).max()  # a near-tie may go either way
+    np.testing.assert_array_equal(on.argmax(-1)[~tied], off.argmax(-1)[~tied])
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.slow)])

@@ -8,6 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.layers import dot_via
+from jaxserve.layers import dense_dot, dot_via, tied_logits
 from pallas_kernels.fp4 import fp4_matmul_reference, quantize
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
@@ -46,6 +47,26 @@ def test_bf16_matmul_matches_xla_dot(m, k, n, transpose_w, x_dtype):
     # x is rounded to bf16, as XLA's bf16 dot does: the products are exact, only the summation order differs
     want = cpu.bf16_matmul_reference(x.astype(jnp.bfloat16), w, transpose_w=transpose_w)
     assert _rel(got, want) <= 5e-6
+
+
+# (M, K, N): SmolLM2's shapes, odd K and N tails (below one vector too, and 64-column chunks and a 16-row prefetch
+# distance plus a tail), K = 0
+F32_SHAPES = [(1, 576, 576), (2, 577, 65), (3, 101, 37), (5, 1536, 33), (16, 96, 161), (16, 7, 1), (2, 1, 1000),
+              (5, 0, 9)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("m, k, n", F32_SHAPES)
+@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f32_matmul_matches_xla_dot(m, k, n, transpose_w, threads):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)), jnp.float32)
+    got = jax.jit(lambda x, w: cpu.f32_matmul(x, w, transpose_w=transpose_w, threads=threads))(x, w)
+    assert got.dtype == jnp.float32 and got.shape == (m, n)
+    # x is not rounded: float32 FMAs of the same operands as XLA's float32 dot, summed in another order
+    assert _rel(got, cpu.bf16_matmul_reference(x, w, transpose_w=transpose_w)) <= 5e-6
 
 
 @needs_kernels
@@ -102,6 +123,8 @@ def test_invalid_inputs_raise_value_errors():
         cpu.bf16_matmul(jnp.zeros((1, 7)), w)
     with pytest.raises(ValueError, match="must be bfloat16"):
         cpu.bf16_matmul(jnp.zeros((1, 8)), w.astype(jnp.float32))
+    with pytest.raises(ValueError, match="must be float32"):
+        cpu.f32_matmul(jnp.zeros((1, 8)), w)
     with pytest.raises(ValueError, match="nvfp4/mxfp4"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((32, 4)), "fp8", axis=0))
     with pytest.raises(ValueError, match="axis 0"):
@@ -121,8 +144,8 @@ def test_kernels_stay_inside_their_buffers(tmp_path):
         assert proc.returncode == 0, f"{where}: rc {proc.returncode} {proc.stdout} {proc.stderr}"
 
 
-def _custom_calls(fn, *args):
-    return jax.jit(fn).lower(*args).as_text().count("jaxserve_bf16_matmul")
+def _custom_calls(fn, *args, target="jaxserve_bf16_matmul"):
+    return jax.jit(fn).lower(*args).as_text().count(target)
 
 
 @needs_kernels
@@ -136,11 +159,29 @@ def test_dot_via_routes_few_bf16_rows_to_the_kernel_and_many_to_xla():
     assert dot(few).dtype == jnp.bfloat16 and _rel(dot(few).astype(jnp.float32), want) <= 1e-2
 
 
+@needs_kernels
+def test_f32_dense_dot_and_tied_logits_route_2_to_16_rows_to_the_kernel():
+    rng = np.random.default_rng(5)
+    w = jnp.asarray(rng.standard_normal((64, 48)), jnp.float32)
+    embed = nn.Embed(48, 64, dtype=jnp.float32, param_dtype=jnp.float32)
+    e = {"params": {"embedding": w.T}}
+    dot = lambda x: dense_dot(jnp.float32)(x, w, DN)  # noqa: E731
+    head = lambda x: embed.apply(e, x, method=lambda m, x: tied_logits(m, x))  # noqa: E731
+    for rows, calls in ((1, 0), (2, 1), (cpu.MAX_ROWS, 1), (cpu.MAX_ROWS + 1, 0)):
+        x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.float32)
+        assert _custom_calls(dot, x, target="jaxserve_f32_matmul_kn") == calls, rows
+        assert _custom_calls(head, x, target="jaxserve_f32_matmul_nk") == calls, rows
+        assert _rel(dot(x), cpu.bf16_matmul_reference(x, w)) <= 5e-6
+        assert _rel(head(x), cpu.bf16_matmul_reference(x, w)) <= 5e-6
+
+
 def test_switch_off_keeps_xla_dot(monkeypatch):
     monkeypatch.setenv(cpu.ENV_SWITCH, "0")
     assert not cpu.usable()
     w = jnp.ones((64, 48), jnp.bfloat16)
     assert _custom_calls(lambda x: dot_via(jnp.bfloat16)(x, w, DN), jnp.ones((1, 64), jnp.bfloat16)) == 0
+    assert _custom_calls(lambda x: dense_dot(jnp.float32)(x, w.astype(jnp.float32), DN), jnp.ones((4, 64)),
+                         target="jaxserve_f32_matmul") == 0
 
 
 def test_no_compiler_falls_back_with_one_warning(monkeypatch, caplog):

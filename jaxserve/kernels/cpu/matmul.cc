@@ -2,13 +2,14 @@
 //
 //   jaxserve_bf16_matmul_kn:  y f32[M, N] = x f32[M, K] @ w bf16[K, N]          (a Dense kernel)
 //   jaxserve_bf16_matmul_nk:  y f32[M, N] = x f32[M, K] @ e bf16[N, K]^T        (a tied embedding)
+//   jaxserve_f32_matmul_kn / _nk: the same with float32 weights (x as it is, float32 FMAs)
 //   jaxserve_fp4_matmul_kn:   y f32[M, N] = x f32[M, K] @ dequant(w)             (nvfp4 / mxfp4)
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
 //       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
-// (a 16-bit shift); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
+// (a 16-bit shift), float32 loaded as it is (the same loops, templated on the weight type); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
 // AVX-512 float32-x path multiplies each by its block scale times the tensor scale, exactly the
 // float32 weight the jnp reference dequantizes to, so only the summation order differs from XLA's
 // dot; its bf16-x path and the AVX2 kernel sum each block's unscaled products, then multiply the
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <thread>
 #include <vector>
@@ -100,6 +102,20 @@ void nk_tiles(ffi::ThreadPool& pool, int64_t M, int64_t N, int64_t threads, cons
   });
 }
 
+// x f32[M, K] -> f32[M, Kp], each element through f, zero padded to Kp = K rounded up to `multiple`: the _nk tiles
+// load whole vectors of x, and the pad multiplies the zeros a masked load puts past a row of e.
+template <class F>
+std::vector<float> x_padded(const float* x, int64_t M, int64_t K, int64_t multiple, const F& f, int64_t* kp_out) {
+  const int64_t Kp = (K + multiple - 1) / multiple * multiple;
+  std::vector<float> out(M * Kp, 0.f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) out[m * Kp + k] = f(x[m * K + k]);
+  *kp_out = Kp;
+  return out;
+}
+
+inline float as_is(float v) { return v; }
+
 // ---- block-scaled FP4: the E2M1 values and the scale byte decoders ----
 const float kE2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
@@ -143,11 +159,13 @@ inline __mmask32 tail_mask32(int64_t left) {
   return left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << std::max<int64_t>(left, 0)) - 1);
 }
 
+constexpr int64_t kChunk = 64;  // columns per work chunk of the [K, N] kernels (a tile's width)
+
 // [K, N] layout: rows 2p and 2p+1 interleaved (vpunpck{l,h}wd) into bf16 pairs; the accumulators of
 // one 32-column group hold columns {8L+r} (lo) and {8L+4+r} (hi), put back in order at the store.
-template <int MT, int NG>
-void bf16_kn_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* w, int64_t N, float* y,
-                  int64_t n0) {
+template <int MT>
+void kn_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* w, int64_t N, float* y, int64_t n0) {
+  constexpr int NG = kChunk / 32;  // groups of 32 columns
   __m512 acc[MT][2 * NG];
   __mmask32 mask[NG];
   for (int g = 0; g < NG; ++g) mask[g] = tail_mask32(N - n0 - 32 * g);
@@ -196,48 +214,105 @@ void bf16_kn_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* w,
     }
 }
 
-constexpr int kNG = 2;            // groups of 32 columns per chunk
-constexpr int64_t kChunk = 32 * kNG;
+// ---- float32 weights: x as it is, float32 FMAs (the products XLA's float32 dot sums) ----
+// [K, N] layout: each row of the tile's 64 columns (4 vectors, 4 lines) times x[m, k] broadcast.
+template <int MT>
+void kn_tile(const float* x, int64_t Kp, int64_t K, const float* w, int64_t N, float* y, int64_t n0) {
+  constexpr int NW = kChunk / 16;  // vectors of 16 columns
+  __m512 acc[MT][NW];
+  __mmask16 mask[NW];
+  for (int j = 0; j < NW; ++j) mask[j] = tail_mask(N - n0 - 16 * j);
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* wp = w + n0;
+  for (int64_t k = 0; k < K; ++k, wp += N) {
+    __m512 wv[NW];
+    for (int j = 0; j < NW; ++j) {
+      wv[j] = _mm512_maskz_loadu_ps(mask[j], wp + 16 * j);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + 16 * N + 16 * j), _MM_HINT_T0);  // the row 16 ahead
+    }
+    for (int i = 0; i < MT; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * Kp + k]);
+      for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_fmadd_ps(xb, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
+}
 
-void bf16_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, float* yp,
-             int64_t threads) {
-  int64_t Kp;
-  const std::vector<uint32_t> xb = x_bf16_pairs(x, M, K, &Kp);
+// How the [N, K] tile reads the weights as stored (W: uint16_t for bf16, float) and the x they multiply: kStep k
+// per vector (one 64-byte line of a row of e either way); x_operands: x's rows, `stride` elements apart, zero
+// padded to a whole vector; load: a vector of a row of e, zeros past the first `left` k; x_at: x's vector for k;
+// madd: acc plus the products.
+template <class W>
+struct Weights;
+
+template <>
+struct Weights<uint16_t> {  // bf16: x rounded to bf16 pairs, products summed exactly by vdpbf16ps
+  static constexpr int64_t kStep = 32;
+  static std::vector<uint32_t> x_operands(const float* x, int64_t M, int64_t K, int64_t* stride) {
+    int64_t Kp;
+    std::vector<uint32_t> out = x_bf16_pairs(x, M, K, &Kp);
+    *stride = Kp / 2;
+    return out;
+  }
+  static __m512i load(const uint16_t* p, int64_t left) { return _mm512_maskz_loadu_epi16(tail_mask32(left), p); }
+  static __m512i x_at(const uint32_t* row, int64_t k) { return _mm512_loadu_si512(row + k / 2); }
+  static __m512 madd(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+};
+
+template <>
+struct Weights<float> {  // float32: x as it is, FMAs
+  static constexpr int64_t kStep = 16;
+  static std::vector<float> x_operands(const float* x, int64_t M, int64_t K, int64_t* stride) {
+    return x_padded(x, M, K, 16, as_is, stride);
+  }
+  static __m512 load(const float* p, int64_t left) { return _mm512_maskz_loadu_ps(tail_mask(left), p); }
+  static __m512 x_at(const float* row, int64_t k) { return _mm512_loadu_ps(row + k); }
+  static __m512 madd(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+template <class W>
+void matmul_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* wp, int64_t N, float* yp,
+               int64_t threads) {
+  int64_t stride;
+  const auto xs = Weights<W>::x_operands(x, M, K, &stride);
   parallel_chunks(pool, (N + kChunk - 1) / kChunk, threads, [&](int64_t c) {
     rows_in_groups(M, [&](int64_t m, auto mt) {
-      bf16_kn_tile<decltype(mt)::value, kNG>(xb.data() + m * Kp / 2, Kp / 2, K, wp, N, yp + m * N, c * kChunk);
+      kn_tile<decltype(mt)::value>(xs.data() + m * stride, stride, K, wp, N, yp + m * N, c * kChunk);
     });
   });
 }
 
-// [N, K] layout (rows of a tied embedding): each row's pairs are adjacent already.
-template <int MT, int VT>
-void bf16_nk_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* e, float* y, int64_t N,
-                  int64_t v0) {
+// [N, K] layout (rows of a tied embedding): VT rows of e against MT rows of x, summed across lanes at the end.
+// (bf16: each row's pairs are adjacent already.)
+template <class W, int MT, int VT, class X>
+void nk_tile(const X* xp, int64_t stride, int64_t K, const W* e, float* y, int64_t N, int64_t v0) {
+  using P = Weights<W>;
   __m512 acc[MT][VT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < VT; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mk = tail_mask32(K - k);
-    __m512bh ev[VT];
-    for (int j = 0; j < VT; ++j) ev[j] = (__m512bh)_mm512_maskz_loadu_epi16(mk, e + (v0 + j) * K + k);
-    // The rows 16 ahead: the hardware prefetcher alone left a single thread at ~8 GB/s, not ~20.
+  for (int64_t k = 0; k < K; k += P::kStep) {
+    decltype(P::load(e, 0)) ev[VT];
+    for (int j = 0; j < VT; ++j) ev[j] = P::load(e + (v0 + j) * K + k, K - k);
+    // The rows 16 ahead: the hardware prefetcher alone left a single thread at ~8 GB/s, not ~20 (bf16).
     for (int j = 0; j < VT; ++j) _mm_prefetch(reinterpret_cast<const char*>(e + (v0 + 16 + j) * K + k), _MM_HINT_T0);
     for (int i = 0; i < MT; ++i) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp + i * Kp2 + k / 2);
-      for (int j = 0; j < VT; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], ev[j], xv);
+      const auto xv = P::x_at(xp + i * stride, k);
+      for (int j = 0; j < VT; ++j) acc[i][j] = P::madd(acc[i][j], ev[j], xv);
     }
   }
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < VT; ++j) y[i * N + v0 + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* ep, int64_t N, float* yp,
-             int64_t threads) {
-  int64_t Kp;
-  const std::vector<uint32_t> xb = x_bf16_pairs(x, M, K, &Kp);
+template <class W>
+void matmul_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* ep, int64_t N, float* yp,
+               int64_t threads) {
+  int64_t stride;
+  const auto xs = Weights<W>::x_operands(x, M, K, &stride);
   nk_tiles<4, 4>(pool, M, N, threads, [&](int64_t m, int64_t v, auto mt, auto vt) {
-    bf16_nk_tile<decltype(mt)::value, decltype(vt)::value>(xb.data() + m * Kp / 2, Kp / 2, K, ep, yp + m * N, N, v);
+    nk_tile<W, decltype(mt)::value, decltype(vt)::value>(xs.data() + m * stride, stride, K, ep, yp + m * N, N, v);
   });
 }
 
@@ -347,7 +422,8 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
 // ======== AVX2 + FMA ========
 // 8 float32 lanes, 16 ymm registers. The _nk register tile keeps MT x kVecs accumulators plus the weight and x
 // registers, so rows of x go in groups of up to 2 (rows_in_groups<2>) rather than 4. The _kn kernels (bf16, FP4)
-// stream row segments into float32 sums in L1 instead (see bf16_kn_chunk).
+// stream row segments into float32 sums in L1 instead (see kn_chunk). The bf16 and float32 kernels differ only in
+// how a vector of weights is loaded (load_w8) and in x (x_operands); the FP4 kernel has its own loops below.
 
 constexpr int kVecs = 4;  // rows of e per _nk tile
 
@@ -386,7 +462,14 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// ---- bf16 weights: x rounded to bf16 (kept as float32), products exact, float32 FMAs ----
+// 8 weights from p as float32, zeros past the first `left`: bf16 widened, float32 loaded (vmaskmovps at a tail: its
+// masked-off lanes never fault).
+inline __m256 load_w8(const uint16_t* p, int64_t left) { return widen_bf16(load8<2>(p, left)); }
+inline __m256 load_w8(const float* p, int64_t left) {
+  return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
+}
+
+// ---- x: rounded to bf16 (kept as float32) for bf16 weights, products exact; as it is for float32 weights ----
 // Round to the nearest bf16, ties to even (what XLA's f32 -> bf16 convert and vcvtne2ps2bf16 do; unlike the
 // latter, bf16 subnormals are kept, as XLA keeps them). NaNs stay (quiet) NaNs.
 inline float round_to_bf16(float f) {
@@ -399,15 +482,10 @@ inline float round_to_bf16(float f) {
   return f;
 }
 
-// x f32[M, K] -> f32[M, Kp], rounded to bf16 and zero padded to Kp = K rounded up to 8, so that the _nk tile
-// loads whole vectors of x.
-std::vector<float> x_bf16_rounded(const float* x, int64_t M, int64_t K, int64_t* kp_out) {
-  const int64_t Kp = (K + 7) / 8 * 8;
-  std::vector<float> out(M * Kp, 0.f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) out[m * Kp + k] = round_to_bf16(x[m * K + k]);
-  *kp_out = Kp;
-  return out;
+// x f32[M, K] -> f32[M, Kp], Kp = K rounded up to 8: the operands of weights W (uint16_t: bf16, or float).
+template <class W>
+std::vector<float> x_operands(const float* x, int64_t M, int64_t K, int64_t* kp_out) {
+  return x_padded(x, M, K, 8, std::is_same_v<W, uint16_t> ? round_to_bf16 : as_is, kp_out);
 }
 
 // [K, N] layout. Tiles of 32 columns walking all K rows (one 64-byte line per row, rows 2 * N bytes apart, as the
@@ -415,21 +493,24 @@ std::vector<float> x_bf16_rounded(const float* x, int64_t M, int64_t K, int64_t*
 // the prefetchers. Instead a chunk of up to kSpan columns streams its row segments, kPassRows rows per pass,
 // accumulating all rows of x in a float32 buffer (L1): 9-14 GB/s there, and the weights are read once per call
 // whatever M. Each y[m, n] is still sum over k in order of x[m, k] * w[k, n], whatever the chunking or threads.
-constexpr int64_t kSpan = 512;     // columns per chunk at most (1 KB of each bf16 row)
+constexpr int64_t kSpan = 512;     // columns per chunk at most (1 KB of each bf16 row, 2 KB of a float32 one)
 constexpr int kPassRows = 8;       // rows of w per pass over a chunk
 constexpr int64_t kAhead = 32;     // rows prefetched ahead
 constexpr int64_t kMaxXRows = 16;  // rows of x per sweep of the chunk (sums: 16 x kSpan floats = 32 KB)
+// A row of sums holds kSpan floats and 16 more: with rows 2 KB apart, the sums of rows m and m + 2 shared their low
+// 12 address bits, and 16 rows of x at float32 ran 5-25% slower (one thread, [576, 1536]: 580-720 -> 540 us).
+constexpr int64_t kAccRow = kSpan + 16;
 
 // Rows [k, k + R) of w's columns [n0, n0 + width) into acc[m][0, width) for the rows m < MX of x.
-template <int R>
-void bf16_kn_pass(const float* x, int64_t Kp, int64_t MX, const uint16_t* w, int64_t N, int64_t k, int64_t n0,
-                  int64_t width, float (*acc)[kSpan]) {
-  const uint16_t* wp = w + k * N + n0;
+template <int R, class W>
+void kn_pass(const float* x, int64_t Kp, int64_t MX, const W* w, int64_t N, int64_t k, int64_t n0, int64_t width,
+             float (*acc)[kAccRow]) {
+  const W* wp = w + k * N + n0;
   const auto step = [&](int64_t c, int64_t left) {
-    if (c % 32 == 0)  // one 64-byte line of each row kAhead rows on (past the end is harmless: no faults)
+    if (c % (64 / sizeof(W)) == 0)  // one 64-byte line of each row kAhead rows on (past the end is harmless)
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wp + (kAhead + r) * N + c), _MM_HINT_T0);
     __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = widen_bf16(load8<2>(wp + r * N + c, left));
+    for (int r = 0; r < R; ++r) wv[r] = load_w8(wp + r * N + c, left);
     for (int64_t m = 0; m < MX; ++m) {
       __m256 a = _mm256_load_ps(acc[m] + c);
       for (int r = 0; r < R; ++r) a = _mm256_fmadd_ps(_mm256_broadcast_ss(x + m * Kp + k + r), wv[r], a);
@@ -441,47 +522,50 @@ void bf16_kn_pass(const float* x, int64_t Kp, int64_t MX, const uint16_t* w, int
   if (c < width) step(c, width - c);  // the buffer holds whole vectors: kSpan is a multiple of 8
 }
 
-void bf16_kn_chunk(const float* x, int64_t Kp, int64_t MX, int64_t K, const uint16_t* w, int64_t N, float* y,
-                   int64_t n0, int64_t width) {
-  alignas(32) float acc[kMaxXRows][kSpan];
+template <class W>
+void kn_chunk(const float* x, int64_t Kp, int64_t MX, int64_t K, const W* w, int64_t N, float* y, int64_t n0,
+              int64_t width) {
+  alignas(32) float acc[kMaxXRows][kAccRow];
   for (int64_t m = 0; m < MX; ++m) std::fill_n(acc[m], (width + 7) / 8 * 8, 0.f);
   int64_t k = 0;
-  for (; k + kPassRows <= K; k += kPassRows) bf16_kn_pass<kPassRows>(x, Kp, MX, w, N, k, n0, width, acc);
-  for (; k < K; ++k) bf16_kn_pass<1>(x, Kp, MX, w, N, k, n0, width, acc);
+  for (; k + kPassRows <= K; k += kPassRows) kn_pass<kPassRows>(x, Kp, MX, w, N, k, n0, width, acc);
+  for (; k < K; ++k) kn_pass<1>(x, Kp, MX, w, N, k, n0, width, acc);
   for (int64_t m = 0; m < MX; ++m)
     for (int64_t c = 0; c < width; c += 8) store8(y + m * N + n0 + c, _mm256_load_ps(acc[m] + c), width - c);
 }
 
-void bf16_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, float* yp,
-             int64_t threads) {
+template <class W>
+void matmul_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* wp, int64_t N, float* yp,
+               int64_t threads) {
   int64_t Kp;
-  const std::vector<float> xr = x_bf16_rounded(x, M, K, &Kp);
+  const std::vector<float> xr = x_operands<W>(x, M, K, &Kp);
   // Chunks of equal width (a multiple of 8, at most kSpan), their count a multiple of the threads.
   const int64_t t = std::max<int64_t>(threads, 1);
   const int64_t chunks = std::max<int64_t>(1, ((N + kSpan - 1) / kSpan + t - 1) / t * t);
   const int64_t width = std::max<int64_t>(8, ((N + chunks - 1) / chunks + 7) / 8 * 8);
   parallel_chunks(pool, (N + width - 1) / width, threads, [&](int64_t c) {
     for (int64_t m = 0; m < M; m += kMaxXRows)
-      bf16_kn_chunk(xr.data() + m * Kp, Kp, std::min(kMaxXRows, M - m), K, wp, N, yp + m * N, c * width,
-                    std::min(width, N - c * width));
+      kn_chunk(xr.data() + m * Kp, Kp, std::min(kMaxXRows, M - m), K, wp, N, yp + m * N, c * width,
+               std::min(width, N - c * width));
   });
 }
 
 // [N, K] layout (rows of a tied embedding): VT rows of e dotted with MT rows of x, 8 k per step, summed across
 // lanes at the end.
-template <int MT, int VT>
-void bf16_nk_tile(const float* x, int64_t Kp, int64_t K, const uint16_t* e, float* y, int64_t N, int64_t v0) {
+template <int MT, int VT, class W>
+void nk_tile(const float* x, int64_t Kp, int64_t K, const W* e, float* y, int64_t N, int64_t v0) {
   __m256 acc[MT][VT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < VT; ++j) acc[i][j] = _mm256_setzero_ps();
   const auto step = [&](int64_t k, int64_t left) {  // left < 8 only at K's tail (x is zero padded there)
     __m256 ev[VT];
-    for (int j = 0; j < VT; ++j) ev[j] = widen_bf16(load8<2>(e + (v0 + j) * K + k, left));
-    if (k % 32 == 0)  // the rows 16 ahead, once per 64-byte line
+    for (int j = 0; j < VT; ++j) ev[j] = load_w8(e + (v0 + j) * K + k, left);
+    if (k % (64 / sizeof(W)) == 0)  // the rows 16 ahead, once per 64-byte line
       for (int j = 0; j < VT; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(e + (v0 + 16 + j) * K + k), _MM_HINT_T0);
     for (int i = 0; i < MT; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * Kp + k);
+      __m256 xv = _mm256_loadu_ps(x + i * Kp + k);
+      asm("" : "+x"(xv));  // one load of x, kept in a register: GCC otherwise folds it into each of the VT FMAs
       for (int j = 0; j < VT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, ev[j], acc[i][j]);
     }
   };
@@ -492,12 +576,13 @@ void bf16_nk_tile(const float* x, int64_t Kp, int64_t K, const uint16_t* e, floa
     for (int j = 0; j < VT; ++j) y[i * N + v0 + j] = hsum(acc[i][j]);
 }
 
-void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* ep, int64_t N, float* yp,
-             int64_t threads) {
+template <class W>
+void matmul_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* ep, int64_t N, float* yp,
+               int64_t threads) {
   int64_t Kp;
-  const std::vector<float> xr = x_bf16_rounded(x, M, K, &Kp);
+  const std::vector<float> xr = x_operands<W>(x, M, K, &Kp);
   nk_tiles<2, kVecs>(pool, M, N, threads, [&](int64_t m, int64_t v, auto mt, auto vt) {
-    bf16_nk_tile<decltype(mt)::value, decltype(vt)::value>(xr.data() + m * Kp, Kp, K, ep, yp + m * N, N, v);
+    nk_tile<decltype(mt)::value, decltype(vt)::value>(xr.data() + m * Kp, Kp, K, ep, yp + m * N, N, v);
   });
 }
 
@@ -527,7 +612,7 @@ void bf16_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 // - Column order: the unpacks work within 128-bit lanes, so a 32-column group's 4 float32 vectors hold columns
 //   E0 = {0,2,4,6,16,18,20,22}, O0 = E0 + 1, E1 = E0 + 8, O1 = E0 + 9. The scale bytes are put in that order
 //   (vpshufb + vpermd), the sums stay in it, and the store puts them back in column order once per call.
-// - Streaming as bf16_kn: a chunk of up to kSpan columns is walked a block (bs/2 codes rows) at a time across all
+// - Streaming as matmul_kn: a chunk of up to kSpan columns is walked a block (bs/2 codes rows) at a time across all
 //   of its columns, sums in a float32 L1 buffer, so the weights are read once per call, in long row segments.
 //   Tiles of 64 columns for a single row of x (one prefetch per 64-byte line, half the per-tile work), else 32.
 // y[m, n] = sum over blocks in order of scale x (sum over the block's k in order of x[m, k] * e2m1[k, n]), for
@@ -748,15 +833,19 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
 #endif
 
 // ---- the FFI handlers: shape checks, then the implementation compiled above ----
-// y = x @ w, w bf16[K, N]; kNK: y = x @ w^T, w bf16[N, K] (a tied embedding).
-template <bool kNK>
-ffi::Error Bf16Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::BF16, 2> w,
-                      ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+// y = x @ w, w bf16/f32[K, N]; kNK: y = x @ w^T, w bf16/f32[N, K] (a tied embedding).
+template <ffi::DataType kDT, bool kNK>
+ffi::Error WeightMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<kDT, 2> w,
+                        ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+  static_assert(kDT == ffi::BF16 || kDT == ffi::F32);
+  using W = std::conditional_t<kDT == ffi::BF16, uint16_t, float>;  // bf16 as its bits
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = w.dimensions()[kNK ? 0 : 1];
   if (w.dimensions()[kNK ? 1 : 0] != K)
-    return ffi::Error::InvalidArgument(kNK ? "bf16_matmul_nk: K mismatch" : "bf16_matmul_kn: K mismatch");
-  (kNK ? bf16_nk : bf16_kn)(pool, x.typed_data(), M, K, reinterpret_cast<const uint16_t*>(w.typed_data()), N,
-                            y->typed_data(), threads);
+    return ffi::Error::InvalidArgument(std::string(kDT == ffi::BF16 ? "bf16" : "f32") + "_matmul_" +
+                                       (kNK ? "nk" : "kn") + ": K mismatch");
+  const W* wp = reinterpret_cast<const W*>(w.typed_data());
+  if (kNK) matmul_nk(pool, x.typed_data(), M, K, wp, N, y->typed_data(), threads);
+  else matmul_kn(pool, x.typed_data(), M, K, wp, N, y->typed_data(), threads);
   return ffi::Error::Success();
 }
 
@@ -786,21 +875,20 @@ using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
 using U8Matrix = ffi::Buffer<ffi::U8, 2>;
 using F32Scalar = ffi::Buffer<ffi::F32, 0>;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_matmul_kn, Bf16Matmul<false>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Matrix>()
-                                  .Arg<Bf16Matrix>()
-                                  .Ret<F32Matrix>()
-                                  .Attr<int64_t>("threads"));
+// One handler per weight type and layout, all binding (x, w) -> y and the thread count.
+#define JAXSERVE_WEIGHT_MATMUL(name, dtype, w_matrix, nk)                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (WeightMatmul<ffi::dtype, nk>),                              \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Arg<w_matrix>()                                               \
+                                    .Ret<F32Matrix>()                                              \
+                                    .Attr<int64_t>("threads"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_matmul_nk, Bf16Matmul<true>,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Matrix>()
-                                  .Arg<Bf16Matrix>()
-                                  .Ret<F32Matrix>()
-                                  .Attr<int64_t>("threads"));
+JAXSERVE_WEIGHT_MATMUL(jaxserve_bf16_matmul_kn, BF16, Bf16Matrix, false)
+JAXSERVE_WEIGHT_MATMUL(jaxserve_bf16_matmul_nk, BF16, Bf16Matrix, true)
+JAXSERVE_WEIGHT_MATMUL(jaxserve_f32_matmul_kn, F32, F32Matrix, false)
+JAXSERVE_WEIGHT_MATMUL(jaxserve_f32_matmul_nk, F32, F32Matrix, true)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_matmul_kn, Fp4MatmulKn,
                               ffi::Ffi::Bind()

@@ -1,11 +1,12 @@
 """Weight-only matmuls for decoding on CPU, as XLA FFI custom calls (``matmul.cc``), with references.
 
-M rows, K contracted, N outputs. The kernels read the weights as stored, bf16 or packed FP4 with
-their block scales, and sum in float32; they pay where XLA:CPU's dot does not stream narrow weights
+M rows, K contracted, N outputs. The kernels read the weights as stored, float32, bf16 or packed FP4
+with their block scales, and sum in float32; they pay where XLA:CPU's dot does not stream the weights
 at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot stays.
 
 - ``bf16_matmul(x f32/bf16[M, K], w bf16[K, N]) -> f32[M, N]``; ``transpose_w=True``: w bf16[N, K]
   (a tied embedding read as the LM head).
+- ``f32_matmul(x f32[M, K], w f32[K, N]) -> f32[M, N]``, ``transpose_w`` likewise: float32 FMAs, x as it is.
 - ``fp4_matmul_cpu(x [..., K], w QuantizedTensor nvfp4/mxfp4 [K, N] along K) -> [..., N]``.
 
 ``usable()`` says whether to route to them at trace time: the CPU backend with one device (XLA
@@ -62,34 +63,47 @@ def _check_2d(name, x, w, k_axis):
 def bf16_matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
     """x f32/bf16/f16[M, K] @ w bf16[K, N] (``transpose_w``: w bf16[N, K]) -> f32[M, N], float32 sums.
 
-    Differentiable (the JVP uses XLA's dot); under vmap the call runs once per batch element."""
+    x is rounded to bf16 (the operands XLA's bf16 dot multiplies). Differentiable (the JVP uses XLA's dot);
+    under vmap the call runs once per batch element."""
+    return _weight_matmul("bf16_matmul", jnp.bfloat16, x, w, transpose_w, threads)
+
+
+def f32_matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
+    """x f32/bf16/f16[M, K] @ w f32[K, N] (``transpose_w``: w f32[N, K]) -> f32[M, N]: float32 FMAs of x as it
+    is (converted to float32, which is exact), so XLA's float32 dot up to the summation order. Differentiable
+    and vmappable as ``bf16_matmul``."""
+    return _weight_matmul("f32_matmul", jnp.float32, x, w, transpose_w, threads)
+
+
+def _weight_matmul(name, w_dtype, x, w, transpose_w, threads):
     x, w = jnp.asarray(x), jnp.asarray(w)
-    _check_2d("bf16_matmul", x, w, 1 if transpose_w else 0)
-    if w.dtype != jnp.bfloat16:
-        raise ValueError(f"bf16_matmul: w must be bfloat16, got {w.dtype}")
+    _check_2d(name, x, w, 1 if transpose_w else 0)
+    if w.dtype != w_dtype:
+        raise ValueError(f"{name}: w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
     if build.load() is None:
-        raise RuntimeError("bf16_matmul: the CPU kernels are unavailable (see the logged warning)")
-    return _bf16_matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads())
+        raise RuntimeError(f"{name}: the CPU kernels are unavailable (see the logged warning)")
+    return _matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads())
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _bf16_matmul(x, w, transpose_w, threads):
+def _matmul(x, w, transpose_w, threads):
     n = w.shape[0] if transpose_w else w.shape[1]
-    target = "jaxserve_bf16_matmul_nk" if transpose_w else "jaxserve_bf16_matmul_kn"
+    target = f"jaxserve_{'bf16' if w.dtype == jnp.bfloat16 else 'f32'}_matmul_{'nk' if transpose_w else 'kn'}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), vmap_method="sequential")
     return call(x, w, threads=threads)
 
 
-@_bf16_matmul.defjvp
-def _bf16_matmul_jvp(transpose_w, threads, primals, tangents):
+@_matmul.defjvp
+def _matmul_jvp(transpose_w, threads, primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     wf = lambda a: a.astype(jnp.float32).T if transpose_w else a.astype(jnp.float32)  # noqa: E731
-    y = _bf16_matmul(x, w, transpose_w, threads)
+    y = _matmul(x, w, transpose_w, threads)
     return y, jnp.dot(dx, wf(w)) + jnp.dot(x, wf(dw))
 
 
 def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
-    """What ``bf16_matmul`` computes, with XLA's dot: float32 operands, float32 result."""
+    """What ``bf16_matmul`` (with x already bf16) and ``f32_matmul`` compute, with XLA's dot: float32 operands,
+    float32 result."""
     w = jnp.asarray(w).astype(jnp.float32)
     return jnp.dot(jnp.asarray(x).astype(jnp.float32), w.T if transpose_w else w,
                    precision=jax.lax.Precision.HIGHEST)
