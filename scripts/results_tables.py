@@ -696,9 +696,10 @@ CLAIMS = (
           "quarters), against a plain engine timed alongside, the `chat_repetitive` prompts (4, one at a time), 48 "
           "tokens each, EOS ignored, fastest of 3 calls per side, on the idle 2-core AVX2 VM (the bfloat16 run with "
           "a helper's build on the other core for part of it: its speedups ±20%). The drafts are short (drafted / "
-          "round), which bounds any speedup by 1 / calls-per-token (≤ ~1.9×) on these prompts; in float32 a "
-          "5-token round costs 1.9 plain steps (XLA's float32 dot of 2–16 rows), in bfloat16 1.4 (the CPU "
-          "kernels). The goal (suffix ≥ 2.5×) is not met. bfloat16 greedy outputs differed from the plain "
+          "round), which bounds any speedup by 1 / calls-per-token (≤ ~1.9×) on these prompts. The float32 rows "
+          "ran with the float32 CPU kernels (a 5-token round ~1.25 plain steps; just before them the same command "
+          "gave 1.09× / 0.97× / 1.07×: XLA's float32 dot of 2–16 rows made a round 1.9 steps); the bfloat16 run "
+          "predates them (its kernels existed: 1.4 steps). The goal (suffix ≥ 2.5×) is not met. bfloat16 greedy outputs differed from the plain "
           "engine's at γ 8 and 16 (near-ties under differently shaped bf16 computations; float32 identical: the "
           "runs' notes)."),
     Claim("Float32 CPU kernels (`f32_matmul`): few-row matmuls and SmolLM2-135M-Instruct's 5-token verify "
