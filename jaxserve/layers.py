@@ -72,7 +72,7 @@ def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int
     if rhs.ndim != 2 or lhs.ndim < 1 or dimension_numbers != (((lhs.ndim - 1,), (k_axis,)), ((), ())):
         return False
     rows = math.prod(lhs.shape[:-1])
-    if not max(min_rows, 1) <= rows <= _CPU_MAX_ROWS:
+    if not min_rows <= rows <= _CPU_MAX_ROWS:
         return False
     from jaxserve.kernels import cpu  # imported on first use: it may build the library
     return cpu.usable()
