@@ -1,11 +1,11 @@
 """Engine beam search (forked beams sharing blocks) against an independent uncached beam search."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxserve import LLM, BeamSearchParams, SamplingParams
-from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models import get_preset, init_params
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=11, max_position_embeddings=128, eos_token_id=10)
 PARAMS = init_params(CONFIG, jax.random.key(3))
@@ -18,7 +18,7 @@ def llm():
 
 
 def next_logprobs(tokens):
-    return np.asarray(jax.nn.log_softmax(forward_full(PARAMS, CONFIG, jnp.array(tokens)[None])[0, -1]))
+    return np.asarray(jax.nn.log_softmax(reference_logits(PARAMS, CONFIG, tokens)[0, -1]))
 
 
 def reference_beam_search(prompt, width, max_tokens, length_penalty, ignore_eos):

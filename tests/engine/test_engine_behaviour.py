@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams
-from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models import get_preset, init_params
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=97, max_position_embeddings=256, eos_token_id=96)
 PARAMS = init_params(CONFIG, jax.random.key(7))
@@ -74,7 +75,7 @@ def test_greedy_equals_uncached_forward(llm):
     for p, out in zip(ps, outs):
         generated = out.outputs[0].token_ids
         # one uncached pass over prompt + outputs: position i's logits predict token i + 1
-        logits = forward_full(PARAMS, CONFIG, jnp.array(p + generated)[None])[0, len(p) - 1:-1]
+        logits = reference_logits(PARAMS, CONFIG, p + generated)[0, len(p) - 1:-1]
         np.testing.assert_array_equal(generated, np.argmax(logits, axis=-1))
         expected_lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.array(generated)[:, None], 1)
         np.testing.assert_allclose(out.outputs[0].logprobs, expected_lp[:, 0], atol=1e-5)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from jaxserve import LLM, SamplingParams, SpeculativeConfig
-from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models import get_preset, init_params
 from jaxserve.sampling_params import MAX_TOP_LOGPROBS
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=96, max_position_embeddings=128, eos_token_id=1)
 PARAMS = init_params(CONFIG, jax.random.key(5))
@@ -21,7 +22,7 @@ def llm():
 
 def _reference(prompt, generated):
     """log_softmax of the uncached forward: row i is the distribution of output token i."""
-    logits = forward_full(PARAMS, CONFIG, jnp.array(prompt + generated)[None])[0, len(prompt) - 1:-1]
+    logits = reference_logits(PARAMS, CONFIG, prompt + generated)[0, len(prompt) - 1:-1]
     return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from jaxserve.cache.kv_pool import init_kv_pool
 from jaxserve.models.attention_backends import new_kv_pool
-from jaxserve.models import AttentionMetadata, forward, forward_full, get_preset, init_params
+from jaxserve.models import AttentionMetadata, forward, get_preset, init_params
+from tests.reference_forward import reference_logits
 
 BLOCK = 4
 
@@ -56,7 +57,7 @@ def test_chunked_prefill_then_decode_equals_full_forward(preset, impl):
             got[b].append(np.asarray(logits[b:b + 1]))
 
     for b in range(2):
-        expected = np.asarray(forward_full(params, config, jnp.array(tokens[b])[None]))[0]
+        expected = reference_logits(params, config, tokens[b])[0]
         np.testing.assert_allclose(np.concatenate(got[b]), expected, atol=1e-5)
 
 
@@ -97,7 +98,7 @@ def test_fresh_prompts_attend_without_the_pool_and_fill_it_alike(impl):
                                     jnp.tile(jnp.arange(lp, dtype=jnp.int32), 2), pool, meta, attention_impl=impl)
         logits[fresh] = np.asarray(out).reshape(2, lp, -1)
     for b, n in enumerate(lengths):
-        expected = np.asarray(forward_full(params, config, jnp.array(prompts[b:b + 1, :n])))[0]
+        expected = reference_logits(params, config, prompts[b:b + 1, :n])[0]
         np.testing.assert_allclose(logits[True][b, :n], expected, atol=1e-5)
         np.testing.assert_allclose(logits[False][b, :n], expected, atol=1e-5)
     for layer, (l0, l1) in enumerate(zip(pools[False].layers, pools[True].layers)):

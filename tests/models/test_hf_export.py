@@ -1,11 +1,11 @@
 """save_hf writes a directory that load_hf and transformers both read back to the same model."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxserve.models import forward_full, get_preset, init_params, load_hf
+from jaxserve.models import get_preset, init_params, load_hf
 from jaxserve.models.hf_export import save_hf
+from tests.reference_forward import reference_logits
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
@@ -23,4 +23,4 @@ def test_export_round_trip_and_transformers_agrees(tmp_path, preset):
     tokens = np.arange(1, 12)[None]
     with torch.no_grad():
         expected = model(torch.tensor(tokens)).logits.numpy()
-    np.testing.assert_allclose(np.asarray(forward_full(params, config, jnp.asarray(tokens))), expected, atol=1e-4)
+    np.testing.assert_allclose(reference_logits(params, config, tokens), expected, atol=1e-4)

@@ -16,8 +16,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from jaxserve import LLM, SamplingParams  # noqa: E402
 from jaxserve.models.attention_backends import new_kv_pool  # noqa: E402
-from jaxserve.models import AttentionMetadata, forward, forward_full, load_hf  # noqa: E402
+from jaxserve.models import AttentionMetadata, forward, load_hf  # noqa: E402
 from jaxserve.speculative.generate import target_only_generate  # noqa: E402
+from tests.reference_forward import reference_logits  # noqa: E402
 
 pytestmark = pytest.mark.peers
 
@@ -106,7 +107,7 @@ def _assert_greedy_equal(got, want, gaps, tie=1e-4):
 def test_full_forward_logits_match(family):
     name, model, config, params = family
     tokens = _prompts()[0]
-    got = np.asarray(forward_full(params, config, jnp.asarray([tokens])))[0]
+    got = reference_logits(params, config, [tokens])[0]
     np.testing.assert_allclose(got, _hf_logits(model, tokens), atol=1e-4, rtol=0)
 
 
@@ -119,7 +120,7 @@ def test_config_features_change_the_logits(family):
     if plain[name] is None:
         pytest.skip("no extra feature")
     tokens = jnp.asarray([_prompts()[0]])
-    diff = forward_full(params, config, tokens) - forward_full(params, config.replace(**plain[name]), tokens)
+    diff = reference_logits(params, config, tokens) - reference_logits(params, config.replace(**plain[name]), tokens)
     assert float(jnp.max(jnp.abs(diff))) > 1e-2
 
 

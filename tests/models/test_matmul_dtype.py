@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from jaxserve.config import ModelConfig
-from jaxserve.models import forward_full, get_preset, init_params, param_shapes
+from jaxserve.models import get_preset, init_params, param_shapes
 from jaxserve.layers import dense
 from jaxserve.models.loading import resolve_model, with_matmul_dtype
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama").replace(qkv_bias=True)  # a bias, to check it is not rounded
 
@@ -62,10 +63,10 @@ def test_with_matmul_dtype_stores_kernels_rounded_and_computes_the_same():
     assert kernel.dtype == jnp.bfloat16
     assert stored["layers_0"]["attn"]["q_proj"]["bias"].dtype == jnp.float32
     tokens = jnp.arange(1, 13)[None]
-    from_f32 = np.asarray(forward_full(params, config, tokens))  # rounded inside each dot
-    from_bf16 = np.asarray(forward_full(stored, config, tokens))  # rounded once, when loaded
+    from_f32 = reference_logits(params, config, tokens)  # rounded inside each dot
+    from_bf16 = reference_logits(stored, config, tokens)  # rounded once, when loaded
     np.testing.assert_allclose(from_bf16, from_f32, rtol=1e-6, atol=1e-6)
-    full = np.asarray(forward_full(params, CONFIG, tokens))
+    full = reference_logits(params, CONFIG, tokens)
     assert 1e-5 < np.abs(full - from_f32).max() < 5e-2  # close to float32, not equal to it
 
 

@@ -4,9 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import widen_mlp, with_matmul_dtype
 from jaxserve.speculative.generate import target_only_generate
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama")
 
@@ -34,7 +35,8 @@ def test_widened_model_computes_the_same_logits_and_greedy_tokens(params, matmul
     wide_cfg, wide = widen_mlp(cfg, p, 512)
     tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 12))
     # only the order of a float32 sum over more (zero) terms can differ
-    np.testing.assert_allclose(forward_full(wide, wide_cfg, tokens), forward_full(p, cfg, tokens), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(reference_logits(wide, wide_cfg, tokens), reference_logits(p, cfg, tokens),
+                               rtol=0, atol=2e-5)
     prompt = tokens[:1]
     base = target_only_generate(p, cfg, prompt, [12], max_tokens=16)[0]
     np.testing.assert_array_equal(target_only_generate(wide, wide_cfg, prompt, [12], max_tokens=16)[0], base)

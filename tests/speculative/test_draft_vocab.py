@@ -13,7 +13,7 @@ import pytest
 from jaxserve import SpeculativeConfig
 from jaxserve.models.checkpoint import write_manifest
 from jaxserve.engine.llm import _load_proposer
-from jaxserve.models import forward_full, get_preset, init_params
+from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.draft_vocab import full_logits, head_logits, restrict_head
@@ -22,6 +22,7 @@ from jaxserve.speculative.hidden import full_hidden
 from jaxserve.speculative.rejection import round_uniforms
 from jaxserve.speculative.round import RoundInputs, draft_propose
 from jaxserve.speculative.token_counts import COUNTS_FILE, load_counts, most_frequent, write_counts
+from tests.reference_forward import reference_logits
 
 CONFIG = get_preset("tiny-llama").replace(vocab_size=16)
 KEPT = np.array([1, 4, 5, 9, 12, 15])
@@ -80,6 +81,9 @@ def test_restrict_head_rejects_bad_ids(params):
             restrict_head(CONFIG, params, ids)
 
 
+_draft_propose = jax.jit(draft_propose, static_argnums=(1, 5))  # op by op, each new shape compiles every primitive
+
+
 def _propose(params, temperature, head, gamma=4, b=8):
     """γ draft steps from a two-token context per row (tokens i32[B, G], q f32[B, G, V], and the context)."""
     rng = np.random.default_rng(1)
@@ -91,14 +95,15 @@ def _propose(params, temperature, head, gamma=4, b=8):
                          last_tokens=jnp.asarray(rng.integers(0, 16, b), jnp.int32), active=jnp.ones(b, bool),
                          sampling=sampling)
     u = round_uniforms(sampling.seed, sampling.index, inputs.positions + 1, gamma, 16, jnp.bool_(temperature == 0))
-    x, q, _ = draft_propose(params, CONFIG, new_kv_pool(CONFIG, b, 16, "auto"), inputs, u[:, :gamma, :-1], "auto", head)
+    pool = new_kv_pool(CONFIG, b, 16, "auto")
+    x, q, _ = _draft_propose(params, CONFIG, pool, inputs, u[:, :gamma, :-1], "auto", head)
     return np.asarray(x), np.asarray(q), jnp.stack([inputs.prev_tokens, inputs.last_tokens], axis=1)
 
 
 def test_greedy_rounds_propose_the_best_kept_token(params):
     x, _, context = _propose(params, 0.0, restrict_head(CONFIG, params, KEPT))
     assert np.isin(x, KEPT).all()
-    full = forward_full(params, CONFIG, jnp.concatenate([context, jnp.asarray(x[:, :-1])], axis=1))
+    full = reference_logits(params, CONFIG, jnp.concatenate([context, jnp.asarray(x[:, :-1])], axis=1))
     np.testing.assert_array_equal(x, KEPT[np.argmax(np.asarray(full)[:, 1:, KEPT], axis=-1)])
     assert not np.isin(_propose(params, 0.0, None)[0], KEPT).all()  # unrestricted, it proposes others here
 

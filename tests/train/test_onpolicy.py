@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxserve.models import forward_full, init_params
+from jaxserve.models import init_params
 from jaxserve.train import train
 from jaxserve.train.onpolicy import OnPolicyConfig, generate_windows, sample_prompts
+from tests.reference_forward import reference_logits
 from tests.train.conftest import with_train
 
 PROMPT, SEQ = 4, 16
@@ -40,7 +41,7 @@ def test_greedy_windows_are_the_teachers_argmax_continuations(teacher, onpolicy)
     _, prompts, w = onpolicy
     assert w.shape == (6, SEQ + 1) and w.dtype == np.int32
     np.testing.assert_array_equal(w[:, :PROMPT], prompts)
-    logits = np.asarray(forward_full(params, config, w[:3, :-1]))[:, PROMPT - 1:]  # greedy rows: the first half
+    logits = reference_logits(params, config, w[:3, :-1])[:, PROMPT - 1:]  # greedy rows: the first half
     chosen = np.take_along_axis(logits, w[:3, PROMPT:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(chosen, logits.max(-1), atol=1e-4)  # the argmax, up to ties in float rounding
 

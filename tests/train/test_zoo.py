@@ -6,10 +6,11 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.models.checkpoint import load_model
 from jaxserve.moe.router_state_file import load_router_state
-from jaxserve.models import forward_full, get_preset
+from jaxserve.models import get_preset
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train.zoo import card_figure, measure_perplexity
 from jaxserve.zoo import available_models, zoo_path
+from tests.reference_forward import reference_logits
 
 ZOO = ["tiny-code", "tiny-code-draft", "tiny-code-moe"]
 
@@ -57,7 +58,7 @@ def test_moe_zoo_model_carries_its_balancing_biases_and_generates_through_llm():
     chosen = jnp.asarray(out.outputs[0].token_ids)
 
     def logprobs(router_state):
-        logits = forward_full(params, config, tokens, router_state=router_state)[0, first:]
+        logits = reference_logits(params, config, tokens, router_state=router_state)[0, first:]
         return np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits, -1), chosen[:, None], -1)[:, 0])
     engine = np.asarray(out.outputs[0].logprobs)
     np.testing.assert_allclose(engine, logprobs(biases), atol=2e-4)
