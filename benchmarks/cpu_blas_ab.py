@@ -55,6 +55,24 @@ def variant(name):
             blas.scipy_openblas_set_num_threads(1)
 
 
+def summary(runs, names, loads, a, final):
+    """The record so far (written after every round: a long run stopped early keeps its rounds)."""
+    record = {"machine": machine(), "model": a.model, "rounds": len(runs[loads[0], names[-1]]), "results": []}
+    for w in loads:
+        ref = runs[w, names[0]][0]["output_ids_head"]
+        for n in names:
+            tps = [o["output_tokens"] / o["elapsed_s"] for o in runs[w, n]]
+            heads = runs[w, n][0]["output_ids_head"]
+            record["results"].append(dict(workload=w, variant=n, tok_s=statistics.median(tps), tok_s_min=min(tps),
+                                          tok_s_max=max(tps), agree=sum(p == q for p, q in zip(heads, ref)) / len(ref)))
+            if final:
+                print(f"{w:8s} {n:6s} {statistics.median(tps):8.1f} tok/s [{min(tps):.1f}-{max(tps):.1f}]"
+                      f"  heads agree with {names[0]}: {record['results'][-1]['agree']:.2f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(record, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -89,19 +107,7 @@ def main():
                     runs[w, n].append(out)
                     print(f"round {r} {w:8s} {n:6s} {out['output_tokens'] / out['elapsed_s']:8.1f} tok/s"
                           f"  compiles {out['compilations_after_warmup']}  load {os.getloadavg()[0]:.2f}", flush=True)
-    record = {"machine": machine(), "model": a.model, "rounds": a.rounds, "results": []}
-    for w in loads:
-        ref = runs[w, names[0]][0]["output_ids_head"]
-        for n in names:
-            tps = [o["output_tokens"] / o["elapsed_s"] for o in runs[w, n]]
-            heads = runs[w, n][0]["output_ids_head"]
-            record["results"].append(dict(workload=w, variant=n, tok_s=statistics.median(tps), tok_s_min=min(tps),
-                                          tok_s_max=max(tps), agree=sum(a == b for a, b in zip(heads, ref)) / len(ref)))
-            print(f"{w:8s} {n:6s} {statistics.median(tps):8.1f} tok/s [{min(tps):.1f}-{max(tps):.1f}]"
-                  f"  heads agree with {names[0]}: {record['results'][-1]['agree']:.2f}")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(record, f, indent=1)
+            summary(runs, names, loads, a, final=r == a.rounds - 1)
 
 
 if __name__ == "__main__":

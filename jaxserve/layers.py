@@ -19,6 +19,16 @@ _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that mod
 #   tied head [49152,576]^T   M=1 4550 / 4741 M=2 8639 / 4828 M=5 9357 / 5383 M=16 13447 / 8807
 # (An earlier set, on a quieter machine: tied head M=1 3226 / 3815, M=2 8143 / 4186.)
 _CPU_F32_MIN_ROWS = 2
+# Above _CPU_MAX_ROWS float32 layers go to OpenBLAS's sgemm (jaxserve.kernels.cpu.f32_gemm, N split over 2 threads).
+# Medians of 5 interleaved calls, `benchmarks/cpu_matmul.py --threads 1,2 --paths xla_f32,blas`, on the 2-core Zen 4
+# (AVX2) shared with other jobs (load average 3.2-3.7 for q/o and k/v, 5-9 for the rest: far below an idle machine's
+# rates, so only the ratios count), us, XLA's dot / OpenBLAS:
+#   q/o [576,576]             M=17 552 / 416   M=32 739 / 644 (one thread: 556)   M=64 1022 / 944   M=256 3680 / 3057
+#   k/v [576,192]             M=17 438 / 290   M=32 548 / 302
+#   gate/up [576,1536]        M=64 4243 / 3443
+#   down [1536,576]           M=64 10466 / 7782
+#   tied head [49152,576]^T   M=64 316072 / 299992
+# End to end (benchmarks/cpu_blas_ab.py, SmolLM2-135M float32) the difference was within that machine's noise.
 
 
 def dot_via(matmul_dtype):
@@ -61,7 +71,7 @@ def f32_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
 
     XLA:CPU's float32 dot is far from the memory bound at 2-16 rows, while its one-row gemv is not: see the
     measurements at ``_CPU_F32_MIN_ROWS``; above 16 rows it is compute-bound, and slower than OpenBLAS: see
-    ``_CPU_BLAS_FIGURES``."""
+    the measurements below it."""
     if lhs.dtype == rhs.dtype == jnp.float32:
         route = _cpu_route(lhs, rhs, dimension_numbers, min_rows=_CPU_F32_MIN_ROWS, blas=True)
         if route:
