@@ -5,8 +5,11 @@
 
 Each timed call runs one matmul over R distinct weights in a chain (R x weight bytes >= 96 MB, more
 than the L3), as a decode step runs 30 layers' weights, so the weights come from memory, not cache.
-Reported: median microseconds per matmul and the weight bytes read per second (GB/s).
-Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul``), xla_bf16
+The paths of one shape and M are timed interleaved, call by call (a busy, shared machine slows them alike).
+Reported: median microseconds per matmul, the weight bytes read per second (GB/s) and GFLOP/s (2 M K N per matmul).
+Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul``), blas_f32_t<threads>
+(``f32_gemm``: OpenBLAS sgemm, one OpenBLAS thread, N split over <threads> XLA pool threads), blas_f32_ob2 (``f32_gemm``
+with threads=1 and OpenBLAS's own 2 threads), xla_bf16
 (``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>, and with
 --fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads>. --paths keeps those
 whose name starts with one of its prefixes.
@@ -41,14 +44,20 @@ def chain(mm):
     return jax.jit(run)
 
 
-def timed(fn, x, ws, iters):
-    jax.block_until_ready(fn(x, ws))
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
+def timed(fns, x, iters):
+    """{path: (fn, ws, before)} -> {path: (median, min, max) seconds per matmul}, the paths alternating call by call;
+    ``before()`` runs ahead of each of its path's calls (e.g. setting OpenBLAS's threads)."""
+    for fn, ws, before in fns.values():
+        before()
         jax.block_until_ready(fn(x, ws))
-        times.append(time.perf_counter() - t)
-    return np.median(times) / len(ws), min(times) / len(ws), max(times) / len(ws)
+    times = {p: [] for p in fns}
+    for _ in range(iters):
+        for p, (fn, ws, before) in fns.items():
+            before()
+            t = time.perf_counter()
+            jax.block_until_ready(fn(x, ws))
+            times[p].append((time.perf_counter() - t) / len(ws))
+    return {p: (np.median(ts), min(ts), max(ts)) for p, ts in times.items()}
 
 
 def main():
@@ -76,7 +85,9 @@ def main():
                                                                      DN), 2)}
         for t in map(int, a.threads.split(",")):
             paths[f"kernel_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_matmul(x, w, transpose_w=head, threads=t), 4)
+            paths[f"blas_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_gemm(x, w, transpose_w=head, threads=t), 4)
             paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
+        paths["blas_f32_ob2"] = (wf, lambda x, w: cpu.f32_gemm(x, w, transpose_w=head, threads=1), 4)
         if not head and a.fp4:
             for fmt in a.fp4.split(","):
                 wq = [quantize(w, fmt, axis=0) for w in wf]
@@ -87,15 +98,20 @@ def main():
                                                    nb / (k * n))
         if a.paths:
             paths = {p: v for p, v in paths.items() if p.startswith(tuple(a.paths.split(",")))}
+        blas = cpu.build.load_blas() if any(p.startswith("blas") for p in paths) else None
         for m in map(int, a.m.split(",")):
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-            for path, (ws, mm, bpw) in paths.items():
-                med, lo, hi = timed(chain(mm), x, ws, a.iters)
-                gbs = bpw * k * n / med / 1e9
+            # OpenBLAS's thread count is global: 2 for blas_f32_ob2, back to 1 (load_blas's setting) for the rest
+            fns = {p: (chain(mm), ws, (lambda p=p: blas.scipy_openblas_set_num_threads(2 if p.endswith("ob2") else 1))
+                       if blas else (lambda: None)) for p, (ws, mm, _) in paths.items()}
+            for path, (med, lo, hi) in timed(fns, x, a.iters).items():
+                gbs, gflops = paths[path][2] * k * n / med / 1e9, 2 * m * k * n / med / 1e9
                 rows.append(dict(shape=name, m=m, path=path, us=med * 1e6, us_min=lo * 1e6, us_max=hi * 1e6,
-                                 weight_gb_s=gbs))
+                                 weight_gb_s=gbs, gflop_s=gflops))
                 print(f"{name:26s} M={m:<3d} {path:18s} {med * 1e6:9.1f} us  [{lo * 1e6:.1f}-{hi * 1e6:.1f}]"
-                      f"  {gbs:6.1f} GB/s", flush=True)
+                      f"  {gbs:6.1f} GB/s {gflops:6.1f} GFLOP/s", flush=True)
+            if blas:
+                blas.scipy_openblas_set_num_threads(1)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"load": os.getloadavg(), "rows": rows}, f, indent=1)

@@ -19,6 +19,16 @@ _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that mod
 #   tied head [49152,576]^T   M=1 4550 / 4741 M=2 8639 / 4828 M=5 9357 / 5383 M=16 13447 / 8807
 # (An earlier set, on a quieter machine: tied head M=1 3226 / 3815, M=2 8143 / 4186.)
 _CPU_F32_MIN_ROWS = 2
+# Above _CPU_MAX_ROWS float32 layers go to OpenBLAS's sgemm (jaxserve.kernels.cpu.f32_gemm, N split over 2 threads).
+# Medians of 5 interleaved calls, `benchmarks/cpu_matmul.py --threads 1,2 --paths xla_f32,blas`, on the 2-core Zen 4
+# (AVX2) shared with other jobs (load average 3.2-3.7 for q/o and k/v, 5-9 for the rest: far below an idle machine's
+# rates, so only the ratios count), us, XLA's dot / OpenBLAS:
+#   q/o [576,576]             M=17 552 / 416   M=32 739 / 644 (one thread: 556)   M=64 1022 / 944   M=256 3680 / 3057
+#   k/v [576,192]             M=17 438 / 290   M=32 548 / 302
+#   gate/up [576,1536]        M=64 4243 / 3443
+#   down [1536,576]           M=64 10466 / 7782
+#   tied head [49152,576]^T   M=64 316072 / 299992
+# End to end (benchmarks/cpu_blas_ab.py, SmolLM2-135M float32) the difference was within that machine's noise.
 
 
 def dot_via(matmul_dtype):
@@ -56,50 +66,64 @@ def dot_via(matmul_dtype):
 def f32_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     """``lax.dot_general`` of float32 layers; on CPU, 2 to 16 rows of x against a float32 [K, N] weight go to
     ``jaxserve.kernels.cpu.f32_matmul`` (float32 FMAs: XLA's dot up to the summation order;
-    ``JAXSERVE_CPU_KERNELS=0`` turns it off).
+    ``JAXSERVE_CPU_KERNELS=0`` turns it off), and more rows to ``jaxserve.kernels.cpu.f32_gemm`` (OpenBLAS's sgemm;
+    ``JAXSERVE_CPU_BLAS=0`` turns only that off).
 
     XLA:CPU's float32 dot is far from the memory bound at 2-16 rows, while its one-row gemv is not: see the
-    measurements at ``_CPU_F32_MIN_ROWS``."""
-    if lhs.dtype == rhs.dtype == jnp.float32 and _cpu_kernel_rows(lhs, rhs, dimension_numbers,
-                                                                  min_rows=_CPU_F32_MIN_ROWS):
-        return _cpu_matmul(lhs, rhs, False)
+    measurements at ``_CPU_F32_MIN_ROWS``; above 16 rows it is compute-bound, and slower than OpenBLAS: see
+    the measurements below it."""
+    if lhs.dtype == rhs.dtype == jnp.float32:
+        route = _cpu_route(lhs, rhs, dimension_numbers, min_rows=_CPU_F32_MIN_ROWS, blas=True)
+        if route:
+            return _cpu_matmul(lhs, rhs, False, blas=route == "blas")
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type)
 
 
 def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int = 1) -> bool:
     """Whether ``lhs[..., K] @ rhs`` (rhs [K, N], or [N, K] for k_axis=1) goes to the CPU kernel: few rows
     (decoding: ``min_rows`` to ``jaxserve.kernels.cpu.MAX_ROWS``), a plain 2-D weight, and the kernels usable here."""
+    return _cpu_route(lhs, rhs, dimension_numbers, k_axis, min_rows) == "kernel"
+
+
+def _cpu_route(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int = 1, blas: bool = False) -> str | None:
+    """Where ``lhs[..., K] @ rhs`` goes on CPU (``_cpu_kernel_rows``): "kernel" for ``min_rows`` to
+    ``MAX_ROWS`` rows; with ``blas`` (float32 operands) "blas" above ``MAX_ROWS`` where OpenBLAS is usable
+    (``jaxserve.kernels.cpu.blas_usable``); else None (XLA's dot)."""
     if rhs.ndim != 2 or lhs.ndim < 1 or dimension_numbers != (((lhs.ndim - 1,), (k_axis,)), ((), ())):
-        return False
+        return None
     rows = math.prod(lhs.shape[:-1])
-    if not min_rows <= rows <= _CPU_MAX_ROWS:
-        return False
+    if rows < min_rows or (rows > _CPU_MAX_ROWS and not blas):
+        return None
     from jaxserve.kernels import cpu  # imported on first use: it may build the library
-    return cpu.usable()
+    if rows <= _CPU_MAX_ROWS:
+        return "kernel" if cpu.usable() else None
+    return "blas" if cpu.blas_usable() else None
 
 
-def _cpu_matmul(x, w, transpose_w: bool):
+def _cpu_matmul(x, w, transpose_w: bool, blas: bool = False):
     """x[..., K] @ w (w [K, N], transpose_w: [N, K]) -> f32[..., N], float32 sums. bf16 w: x rounded to bf16 first
-    (the operands XLA's bf16 dot multiplies); float32 w: x as it is."""
-    from jaxserve.kernels.cpu import bf16_matmul, f32_matmul
+    (the operands XLA's bf16 dot multiplies); float32 w: x as it is (``blas``: by OpenBLAS's sgemm)."""
+    from jaxserve.kernels.cpu import bf16_matmul, f32_gemm, f32_matmul
     n = w.shape[0] if transpose_w else w.shape[1]
     x2 = x.reshape(-1, x.shape[-1])
     if w.dtype == jnp.bfloat16:
         y = bf16_matmul(x2.astype(jnp.bfloat16), w, transpose_w=transpose_w)
     else:
-        y = f32_matmul(x2, w, transpose_w=transpose_w)
+        y = (f32_gemm if blas else f32_matmul)(x2, w, transpose_w=transpose_w)
     return y.reshape(*x.shape[:-1], n)
 
 
 def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
     """``embed.attend(x)``: x[..., E] @ embedding[V, E]^T in the embedding's dtype; a few rows of a bf16 or float32
     embedding go to the CPU kernel (as ``dot_via``'s and ``f32_dot``'s dense layers do), which reads it as stored
-    (bf16: without a float32 copy)."""
+    (bf16: without a float32 copy), and more rows of a float32 one to OpenBLAS's sgemm (as ``f32_dot``'s)."""
     e = embed.embedding
-    if e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32) and _cpu_kernel_rows(
-            x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1,
-            min_rows=_CPU_F32_MIN_ROWS if e.dtype == jnp.float32 else 1):
-        return _cpu_matmul(x.astype(e.dtype), e, True).astype(embed.dtype)
+    if e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32):
+        f32 = e.dtype == jnp.float32
+        route = _cpu_route(x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1,
+                           min_rows=_CPU_F32_MIN_ROWS if f32 else 1, blas=f32)
+        if route:
+            return _cpu_matmul(x.astype(e.dtype), e, True, blas=route == "blas").astype(embed.dtype)
     return embed.attend(x)
 
 

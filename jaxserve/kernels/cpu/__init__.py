@@ -1,5 +1,6 @@
 """Weight-only CPU matmuls as XLA FFI custom calls (C++ in ``matmul.cc``, compiled on first use by ``build``)."""
-from jaxserve.kernels.cpu.matmul import (MAX_ROWS, bf16_matmul, bf16_matmul_reference, enabled, f32_matmul,
-                                         fp4_matmul_cpu, usable)
+from jaxserve.kernels.cpu.matmul import (MAX_ROWS, bf16_matmul, bf16_matmul_reference, blas_usable, enabled,
+                                         f32_gemm, f32_matmul, fp4_matmul_cpu, usable)
 
-__all__ = ["MAX_ROWS", "bf16_matmul", "bf16_matmul_reference", "enabled", "f32_matmul", "fp4_matmul_cpu", "usable"]
+__all__ = ["MAX_ROWS", "bf16_matmul", "bf16_matmul_reference", "blas_usable", "enabled", "f32_gemm", "f32_matmul",
+           "fp4_matmul_cpu", "usable"]

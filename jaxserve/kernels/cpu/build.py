@@ -11,12 +11,18 @@ The source holds two implementations of the kernels, chosen by the compiler's ta
 and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``). Anything missing (not
 Linux/x86 with AVX-512 F+BW or AVX2+FMA, no compiler, a failed build or load) makes ``load()`` return
 None after one logged warning; callers then keep XLA's dot.
+
+The float32 GEMM handlers (``jaxserve_f32_gemm_*``, many rows) call OpenBLAS's ``cblas_sgemm`` from the
+``scipy-openblas32`` wheel: ``load_blas()`` loads it with ctypes and hands the function's address to the library
+(``jaxserve_set_sgemm``), so the build does not link against it; a missing wheel or symbol makes it return None
+after one logged warning, and those matmuls keep XLA's dot.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import hashlib
+import importlib
 import logging
 import os
 import platform
@@ -31,10 +37,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("matmul.cc")
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
-           "jaxserve_fp4_matmul_kn")
+           "jaxserve_fp4_matmul_kn", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk")
 # /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU
 # without avx512_bf16 builds the AVX2 kernels: every AVX-512 CPU has AVX2 and FMA too.)
 CPU_FLAG_SETS = {"AVX-512": ("avx512f", "avx512bw"), "AVX2+FMA": ("avx2", "fma")}
+BLAS_MODULE, BLAS_SGEMM = "scipy_openblas32", "scipy_cblas_sgemm"  # the wheel, and its prefixed cblas_sgemm
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
@@ -123,3 +130,31 @@ def load() -> ctypes.CDLL | None:
             reason = f"{type(e).__name__}: {e}"
     log.warning("jaxserve CPU matmul kernels unavailable (%s); using XLA's dot", reason)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def load_blas() -> ctypes.CDLL | None:
+    """Load OpenBLAS (the ``scipy-openblas32`` wheel) and hand its sgemm to the kernels, once; OpenBLAS's CDLL, or
+    None, with one warning, where the kernels, the wheel or the symbol are missing.
+
+    OpenBLAS is set to one thread: the handlers split N over XLA's intra-op pool instead (``parallel_chunks``, whose
+    caller does every block a helper has not claimed). OpenBLAS's own two threads wait on each other: on the 2-core
+    Zen 4, shared with other jobs (load average 3.2-3.7), q/o [576,576] took per matmul 1046 / 1747 / 1920 / 24757 us
+    at M = 17 / 32 / 64 / 256 with them against 395 / 556 / 922 / 2946 us with one thread (XLA's dot 552 / 739 /
+    1022 / 3680), and a run of 20 at M=64 swung between 0.53 and 24 ms per matmul (a descheduled thread);
+    ``benchmarks/cpu_matmul.py --paths xla_f32,blas``. Splitting over 1 or 2 pool threads measured alike there
+    (the machine's load left about one core); 2 (``default_threads``) as the other kernels."""
+    lib = load()
+    if lib is None:
+        return None  # load() has warned
+    try:
+        wheel = importlib.import_module(BLAS_MODULE)
+        blas = ctypes.CDLL(os.path.join(wheel.get_lib_dir(), wheel.get_library(fullname=True)))
+        sgemm = getattr(blas, BLAS_SGEMM)
+        blas.scipy_openblas_set_num_threads(1)
+        lib.jaxserve_set_sgemm(ctypes.cast(sgemm, ctypes.c_void_p))
+        return blas
+    except Exception as e:  # noqa: BLE001 - any failure means: keep XLA's dot for many rows
+        log.warning("OpenBLAS for float32 GEMMs unavailable (%s: %s; pip install scipy-openblas32); using XLA's dot",
+                    type(e).__name__, e)
+        return None

@@ -7,6 +7,8 @@
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
 //       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
+//   jaxserve_f32_gemm_kn / _nk: the f32 layouts above for many rows (batched decode, prefill), by OpenBLAS's
+//       cblas_sgemm, whose address Python hands over once (jaxserve_set_sgemm): no link-time dependency.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
 // (a 16-bit shift), float32 loaded as it is (the same loops, templated on the weight type); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
@@ -867,6 +869,45 @@ ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Bu
   return ffi::Error::Success();
 }
 
+// ---- float32 GEMM by OpenBLAS: y = x @ w (w [K, N]) or x @ w^T (kNK: w [N, K]) ----
+// Many rows make the product compute-bound, where OpenBLAS's packed, register-blocked sgemm beats XLA:CPU's dot
+// (see jaxserve/layers.py). The threads attribute splits N into that many column blocks run on XLA's intra-op pool,
+// each a one-thread sgemm (build.load_blas sets OpenBLAS to one thread: a second pool would compete for the cores).
+using Sgemm = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                       const float* b, int ldb, float beta, float* c, int ldc);
+std::atomic<Sgemm> g_sgemm{nullptr};
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;  // the CBLAS enum values
+constexpr int64_t kGemmAlign = 64;  // column block widths are multiples of this (whole micro-kernel panels)
+
+template <bool kNK>
+ffi::Error F32Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::F32, 2> w,
+                   ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+  const Sgemm sgemm = g_sgemm.load();
+  if (sgemm == nullptr)
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "f32_gemm: jaxserve_set_sgemm was not called");
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = w.dimensions()[kNK ? 0 : 1];
+  if (w.dimensions()[kNK ? 1 : 0] != K)
+    return ffi::Error::InvalidArgument(std::string("f32_gemm_") + (kNK ? "nk" : "kn") + ": K mismatch");
+  if (std::max({M, K, N}) > INT32_MAX)
+    return ffi::Error::InvalidArgument("f32_gemm: a dimension exceeds OpenBLAS's 32-bit int");
+  float* yp = y->typed_data();
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {  // nothing to sum; BLAS may leave C as it is when K == 0
+    std::fill(yp, yp + M * N, 0.f);
+    return ffi::Error::Success();
+  }
+  const int64_t parts = std::max<int64_t>(threads, 1);
+  const int64_t width = ((N + parts - 1) / parts + kGemmAlign - 1) / kGemmAlign * kGemmAlign;
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  parallel_chunks(pool, (N + width - 1) / width, threads, [&](int64_t c) {
+    const int64_t n0 = c * width, n = std::min(N, n0 + width) - n0;
+    sgemm(kCblasRowMajor, kCblasNoTrans, kNK ? kCblasTrans : kCblasNoTrans, int(M), int(n), int(K), 1.f, xp, int(K),
+          kNK ? wp + n0 * K : wp + n0, int(kNK ? K : N), 0.f, yp + n0, int(N));
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // Aliases: the handler macros cannot take template arguments with commas.
@@ -889,6 +930,21 @@ JAXSERVE_WEIGHT_MATMUL(jaxserve_bf16_matmul_kn, BF16, Bf16Matrix, false)
 JAXSERVE_WEIGHT_MATMUL(jaxserve_bf16_matmul_nk, BF16, Bf16Matrix, true)
 JAXSERVE_WEIGHT_MATMUL(jaxserve_f32_matmul_kn, F32, F32Matrix, false)
 JAXSERVE_WEIGHT_MATMUL(jaxserve_f32_matmul_nk, F32, F32Matrix, true)
+
+#define JAXSERVE_F32_GEMM(name, nk)                                                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, F32Gemm<nk>,                                                 \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Ret<F32Matrix>()                                              \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_F32_GEMM(jaxserve_f32_gemm_kn, false)
+JAXSERVE_F32_GEMM(jaxserve_f32_gemm_nk, true)
+
+// OpenBLAS's cblas_sgemm (any symbol prefix), set once by build.load_blas before the gemm handlers run.
+extern "C" void jaxserve_set_sgemm(void* fn) { g_sgemm.store(reinterpret_cast<Sgemm>(fn)); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_matmul_kn, Fp4MatmulKn,
                               ffi::Ffi::Bind()

@@ -8,11 +8,15 @@ at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot s
   (a tied embedding read as the LM head).
 - ``f32_matmul(x f32[M, K], w f32[K, N]) -> f32[M, N]``, ``transpose_w`` likewise: float32 FMAs, x as it is.
 - ``fp4_matmul_cpu(x [..., K], w QuantizedTensor nvfp4/mxfp4 [K, N] along K) -> [..., N]``.
+- ``f32_gemm(x f32[M, K], w f32[K, N])``, ``transpose_w`` likewise: the same product for many rows (batched decode,
+  prefill), by OpenBLAS's sgemm (``build.load_blas``), where XLA:CPU's float32 dot is compute-bound and slower.
 
 ``usable()`` says whether to route to them at trace time: the CPU backend with one device (XLA
 cannot partition a custom call over a mesh), the library built and loaded (``build.load``), and
 ``JAXSERVE_CPU_KERNELS`` not set to 0/off/false. ``JAXSERVE_CPU_KERNEL_THREADS`` caps the threads
-a call uses (default: the CPUs this process may run on). The choice is made when a function is
+a call uses (default: the CPUs this process may run on). ``blas_usable()`` says the same for ``f32_gemm``, which
+also needs OpenBLAS loaded (``build.load_blas``) and ``JAXSERVE_CPU_BLAS`` not 0/off/false (turning only it off).
+The choice is made when a function is
 traced: a jitted function keeps the path it was traced with.
 """
 from __future__ import annotations
@@ -28,18 +32,25 @@ from jaxserve.kernels.cpu import build
 MAX_ROWS = 16
 ENV_SWITCH = "JAXSERVE_CPU_KERNELS"
 ENV_THREADS = "JAXSERVE_CPU_KERNEL_THREADS"
+BLAS_SWITCH = "JAXSERVE_CPU_BLAS"
 FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # -> the kernel's scale_kind (E4M3 / E8M0 scale bytes)
 
 
-def enabled() -> bool:
-    """False when ``JAXSERVE_CPU_KERNELS`` is 0, off, false or no."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+def enabled(switch: str = ENV_SWITCH) -> bool:
+    """False when the environment variable ``switch`` (default ``JAXSERVE_CPU_KERNELS``) is 0, off, false or no."""
+    return os.environ.get(switch, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def usable() -> bool:
     """Whether traced matmuls should go to the kernels now (see the module docstring)."""
     return (enabled() and jax.default_backend() == "cpu" and jax.device_count() == 1
             and build.load() is not None)
+
+
+def blas_usable() -> bool:
+    """Whether traced float32 matmuls of many rows should go to ``f32_gemm`` now: ``usable()``, ``JAXSERVE_CPU_BLAS``
+    not 0/off/false/no, and OpenBLAS loaded."""
+    return usable() and enabled(BLAS_SWITCH) and build.load_blas() is not None
 
 
 def default_threads() -> int:
@@ -75,29 +86,38 @@ def f32_matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads
     return _weight_matmul("f32_matmul", jnp.float32, x, w, transpose_w, threads)
 
 
-def _weight_matmul(name, w_dtype, x, w, transpose_w, threads):
+def f32_gemm(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
+    """``f32_matmul`` by OpenBLAS's sgemm (``build.load_blas``), for many rows: x converted to float32, float32 sums
+    (XLA's float32 dot up to the summation order). N is split into ``threads`` column blocks, each a one-thread
+    sgemm on XLA's intra-op pool. Differentiable and vmappable as ``bf16_matmul``."""
+    return _weight_matmul("f32_gemm", jnp.float32, x, w, transpose_w, threads, op="gemm")
+
+
+def _weight_matmul(name, w_dtype, x, w, transpose_w, threads, op="matmul"):
     x, w = jnp.asarray(x), jnp.asarray(w)
     _check_2d(name, x, w, 1 if transpose_w else 0)
     if w.dtype != w_dtype:
         raise ValueError(f"{name}: w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
     if build.load() is None:
         raise RuntimeError(f"{name}: the CPU kernels are unavailable (see the logged warning)")
-    return _matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads())
+    if op == "gemm" and build.load_blas() is None:
+        raise RuntimeError(f"{name}: OpenBLAS is unavailable (see the logged warning)")
+    return _matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads(), op)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _matmul(x, w, transpose_w, threads):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _matmul(x, w, transpose_w, threads, op):
     n = w.shape[0] if transpose_w else w.shape[1]
-    target = f"jaxserve_{'bf16' if w.dtype == jnp.bfloat16 else 'f32'}_matmul_{'nk' if transpose_w else 'kn'}"
+    target = f"jaxserve_{'bf16' if w.dtype == jnp.bfloat16 else 'f32'}_{op}_{'nk' if transpose_w else 'kn'}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), vmap_method="sequential")
     return call(x, w, threads=threads)
 
 
 @_matmul.defjvp
-def _matmul_jvp(transpose_w, threads, primals, tangents):
+def _matmul_jvp(transpose_w, threads, op, primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     wf = lambda a: a.astype(jnp.float32).T if transpose_w else a.astype(jnp.float32)  # noqa: E731
-    y = _matmul(x, w, transpose_w, threads)
+    y = _matmul(x, w, transpose_w, threads, op)
     return y, jnp.dot(dx, wf(w)) + jnp.dot(x, wf(dw))
 
 
