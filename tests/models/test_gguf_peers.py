@@ -81,7 +81,7 @@ def test_greedy_chat_matches_transformers(smollm2):
     config, params, tok, hf, _ = smollm2
     llm = LLM.from_params(config, params, tok, max_num_seqs=4)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
-                    SamplingParams(max_tokens=32, temperature=0), use_tqdm=False)
+                    SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
     assert outs[0].outputs[0].text == "The capital of France is Paris."
     for q, out in zip(QUESTIONS, outs):
         assert_greedy_matches(hf, _chat_ids(tok, q), out.outputs[0].token_ids, eos=2, pad=2)
