@@ -351,6 +351,13 @@ def cpu_f32_kernels():
     return ["shape / figure", "XLA (kernels off)", "f32_matmul (kernels on)", "off / on"], rows
 
 
+def cpu_blas():
+    """SmolLM2 float32 at batch 64 with float32 GEMMs by OpenBLAS (f32_gemm) and by XLA's dot, alternating."""
+    rows = [[r["workload"], r["variant"], f"{r['tok_s']:.1f} ({r['tok_s_min']:.1f}–{r['tok_s_max']:.1f})",
+             f"{r['agree']:.2f}"] for r in load("results/cpu_blas/results.json")["results"]]
+    return ["workload", "float32 GEMMs (> 16 rows)", "output tok/s, median (range)", "greedy heads agree"], rows
+
+
 # --- experiments ------------------------------------------------------------------------------------
 
 def fp4_quant_error():
@@ -712,6 +719,11 @@ CLAIMS = (
           "decode steps. At 16 rows the [K, N] kernel is compute-bound (sums in an L1 buffer). The 2-core AVX2 VM "
           "was shared (load average 1.0–2.5; the end-to-end rows ran at 358699d, before a67bcd2, which changes "
           "only 16-row [K, N] matmuls): compare within a run. The AVX-512 build compiles but was not run."),
+    Claim("OpenBLAS float32 GEMMs (`f32_gemm`) against XLA's dot: SmolLM2-135M-Instruct float32, 64 requests",
+          ("results/cpu_blas/results.json",), cpu_blas,
+          "One process, the two variants alternating round by round (3 rounds; engines differ only in the matmul "
+          "route), on the idle 2-core AVX2 VM (load average 1.8–2.2), jax 0.10.2; OpenBLAS (scipy-openblas32) on one "
+          "thread, N split over XLA's pool. OpenBLAS was faster in every round: 1.12× by the medians."),
     Claim("Medusa-1 heads on the frozen zoo target (600 steps)", ("results/medusa_heads/results.json",), medusa_heads,
           "Their speedup is in the speculative-decoding grids above (proposer `medusa`)."),
     Claim("Medusa-1 heads on SmolLM2-135M-Instruct, trained on its own chat answers, in the engine (float32, "
