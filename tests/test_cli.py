@@ -33,10 +33,12 @@ def test_bench_throughput_with_speculation(tmp_path):
     out = tmp_path / "r.json"
     argv = ["bench", "throughput", "--model", "random:tiny-llama", "--num-prompts", "2", "--input-len", "4", "8",
             "--output-len", "4", "8", "--max-model-len", "32", "--out", str(out),
-            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}', "engine.max_num_seqs=2"]
+            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}', "engine.max_num_seqs=2",
+            "engine.max_num_batched_tokens=32"]  # one fill bucket: warm-up compiles every bucket
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert r["spec_method"] == "ngram" and r["spec_gamma"] == 2
+    assert r["backend_info"]["engine"]["max_num_seqs"] == r["options"]["max_num_seqs"] == 2  # the override, no flag
     assert r["spec_generated"] == r["output_tokens"]  # counted over the timed run only
     assert r["spec_rounds"] > 0 and r["compilations_after_warmup"] == 0  # LLM.warmup covered the spec programs
     assert main(argv + ["--backend", "hf"]) == 2  # speculation is the jaxserve backend's, raised before any run

@@ -76,7 +76,8 @@ class JaxserveBackend:
         if opts.dtype != config.dtype:
             config = config.replace(dtype=opts.dtype)
             params = jax.tree.map(lambda x: x.astype(jnp.dtype(opts.dtype)), params)
-        self.engine_kwargs = {"max_num_seqs": opts.max_num_seqs, **engine_kwargs(list(opts.overrides)),
+        # the options every backend shares win over the engine.* overrides' defaults
+        self.engine_kwargs = {**engine_kwargs(list(opts.overrides)), "max_num_seqs": opts.max_num_seqs,
                               "max_model_len": opts.max_model_len}
         self.llm = LLM.from_params(config, params, model.tokenizer, speculative=opts.speculative,
                                    **self.engine_kwargs)

@@ -39,8 +39,9 @@ def common_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="jaxserve")
     p.add_argument("--dtype", choices=sorted(GGUF_TYPES), default="float32",
                    help="weights and activations, in every backend (llama.cpp: the GGUF's storage type)")
-    p.add_argument("--max-num-seqs", type=int, default=64,
-                   help="most sequences in a batch, every backend (HF: its static batch size)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most sequences in a batch, every backend (HF: its static batch size); default: "
+                        "engine.max_num_seqs of the overrides (64)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch, llama.cpp and vLLM")
     p.add_argument("--gguf-type", default=None, help="llama.cpp weights: F32, F16, BF16, Q8_0, Q4_0, ... "
@@ -72,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def options(args) -> BenchOptions:
     """Checks what can be checked before any model loads; raises ValueError naming the option."""
+    from jaxserve.config import engine_kwargs
+    if args.max_num_seqs is None:  # --max-num-seqs wins over an engine.max_num_seqs override
+        args.max_num_seqs = engine_kwargs(args.overrides)["max_num_seqs"]
     for name in ("max_num_seqs", "max_model_len", "threads", "num_iters"):
         if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

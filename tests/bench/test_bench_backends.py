@@ -10,7 +10,8 @@ from jaxserve.bench.throughput import RECORD_KEYS, check_record
 from jaxserve.bench.workload import load_workload, make_workload, save_workload
 from jaxserve.cli import main
 
-TINY = ["--model", "random:tiny-llama", "--max-model-len", "32", "--max-num-seqs", "2"]
+# one prefill bucket (32 tokens): the warm-up compiles every bucket, and the workloads here fit one
+TINY = ["--model", "random:tiny-llama", "--max-model-len", "32", "--max-num-seqs", "2", "engine.max_num_batched_tokens=32"]
 SMALL = ["--model", "random:small-llama", "--max-model-len", "64", "--max-num-seqs", "2"]  # vLLM wants head_dim 32
 
 
@@ -53,6 +54,9 @@ def test_jaxserve_and_hf_serve_one_workload_file_to_the_same_greedy_tokens(tmp_p
         assert r["output_tokens"] == sum(q.output_len for q in requests) and len(r["runs_elapsed_s"]) == 2
         assert [len(h) for h in r["output_ids_head"]] == [min(q.output_len, 8) for q in requests]
     assert records["jaxserve"]["compilations_after_warmup"] == 0
+    # --max-num-seqs reaches the engine (the engine.* overrides' default of 64 once replaced it)
+    assert records["jaxserve"]["backend_info"]["engine"]["max_num_seqs"] == 2
+    assert records["jaxserve"]["backend_info"]["engine"]["max_num_batched_tokens"] == 32
     assert records["jaxserve"]["output_ids_head"] == records["hf"]["output_ids_head"]  # same weights, greedy
 
 
