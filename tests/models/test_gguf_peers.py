@@ -78,10 +78,11 @@ def test_prefill_logits_match_transformers(smollm2):
 
 
 def test_greedy_chat_matches_transformers(smollm2):
-    """One sequence at a time: two step programs to compile (a 30-layer program takes XLA ~12 s under the tests'
-    flags; a batch of 3 draining to 2 and 1 compiled four). Batched decoding is compared in tests/engine."""
+    """One sequence at a time, prefilled in 32-token chunks: two step programs to compile (a 30-layer program takes
+    XLA ~12 s under the tests' flags; a batch of 3 draining to 2 and 1 compiled four, and the prompts' shared
+    system prompt, a prefix-cache hit, a third prefill size). Batched decoding is compared in tests/engine."""
     config, params, tok, hf, _ = smollm2
-    llm = LLM.from_params(config, params, tok, max_num_seqs=1)
+    llm = LLM.from_params(config, params, tok, max_num_seqs=1, max_num_batched_tokens=32)
     outs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS],
                     SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)
     assert outs[0].outputs[0].text == "The capital of France is Paris."
