@@ -47,7 +47,7 @@ def validate(cfg, out) -> None:
 
     profile = pm.ModelProfile.from_config(config, cfg.val_model)
     prec = pm.Precision(fmt, fmt, fmt)
-    params = init_params(config, jax.random.key(cfg.seed))
+    params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(cfg.seed))  # one program, not ~60 op by op
     rows = []
     for ctx, b in out.progress(list(itertools.product(cfg.val_contexts, cfg.val_batches)), desc="decode steps"):
         seconds = time_decode_step(config, params, b, ctx, cfg.val_iters, attention_impl=cfg.val_attention)

@@ -62,12 +62,13 @@ class VLLMPagedConfig:
 
 CONFIG = VLLMPagedConfig()
 
-# Well under a minute on a 2-core CPU: few requests, few rates, a small pool, tiny model shapes.
+# Well under a minute on a 2-core CPU: few requests, few rates, a small pool, tiny model shapes; the model section
+# at most 4 sequences a step (4 step programs to compile: one mixed, decode batches 1, 2 and 4).
 SMOKE = ("kv_slots=2048", "max_model_len=512", "max_num_seqs=64", "max_num_batched_tokens=512",
          "length_scale=0.25", "sharegpt_requests=24", "sharegpt_rates=[0.05,0.4]",
          "alpaca_requests=60", "alpaca_rates=[0.5,4.0]", "sharing_n=[2]", "sharing_requests=12",
          "beam_widths=[2]", "beam_prompts=2", "prefix_lens=[80]", "prefix_requests=24",
          "block_sizes=[16,64]", "block_rates_sharegpt=[0.4]", "block_rates_alpaca=[4.0]",
-         "model_kv_slots=512", "model_max_model_len=128", "model_max_num_seqs=8",
+         "model_kv_slots=512", "model_max_model_len=128", "model_max_num_seqs=4",
          "model_max_num_batched_tokens=64", "model_requests=6", "model_length_scale=0.1",
          "model_policies=[orca_oracle]", "model_warmup=false")

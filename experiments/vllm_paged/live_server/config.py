@@ -36,7 +36,9 @@ class LiveServerConfig:
 
 CONFIG = LiveServerConfig()
 
-# Well under a minute on a 2-core CPU: one policy, two rates, a few short requests, few step programs.
-SMOKE = ("model=jaxserve/tiny-code", "policies=[orca_oracle]", "warm_requests=0", "kv_slots=256",
-         "max_model_len=128", "max_num_seqs=4", "max_num_batched_tokens=32", "warmup=false", "length_scale=0.03",
+# Well under a minute on a 2-core CPU: one policy, two rates, a few short requests, few step programs. The
+# smallest zoo model (tiny-code-draft: 2 layers, 64 wide; tiny-code's 6 x 256 compiled each step program ~2x slower),
+# and 2 sequences a step: 3 step programs (one mixed, decode batches 1 and 2), all compiled inside the first rate.
+SMOKE = ("model=jaxserve/tiny-code-draft", "policies=[orca_oracle]", "warm_requests=0", "kv_slots=256",
+         "max_model_len=128", "max_num_seqs=2", "max_num_batched_tokens=32", "warmup=false", "length_scale=0.03",
          "num_requests=6", "rates=[2.0,8.0]")
