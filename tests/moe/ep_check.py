@@ -9,7 +9,6 @@ from tests.xla_flags import with_devices
 os.environ["XLA_FLAGS"] = with_devices(8)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxserve.config import ModelConfig  # noqa: E402
@@ -41,11 +40,12 @@ def expected_drops(experts, shards, n, cap):
 
 
 def main():
+    # jitted, not op by op: an eager Flax init and apply compile ~90 one-op programs (~8 s of a 2-core CI worker)
     x = jax.random.normal(jax.random.key(1), (T, H))
     block = MoEBlock(CONFIG)
-    weights = block.init(jax.random.key(0), x)["params"]
+    weights = jax.jit(block.init)(jax.random.key(0), x)["params"]
     bias = 0.1 * jax.random.normal(jax.random.key(2), (8,))
-    ref, stats = block.apply({"params": weights, "router_state": {"bias": bias}}, x)
+    ref, stats = jax.jit(lambda w, b, x: block.apply({"params": w, "router_state": {"bias": b}}, x))(weights, bias, x)
     for axes in ({"expert": 8}, {"data": 2, "expert": 4}, {"data": 4, "expert": 2}):
         mesh = make_mesh(axes)
         y, ep = jax.jit(lambda w, x, b: expert_parallel_moe(w, CONFIG, x, mesh, bias=b))(weights, x, bias)
@@ -55,7 +55,9 @@ def main():
         print(axes, "dropless OK, capacity", ep.capacity)
 
     mesh = make_mesh({"data": 2, "expert": 4})
-    y, ep = expert_parallel_moe(weights, CONFIG, x, mesh, bias=bias, capacity_factor=0.5)
+    # jitted: shard_map run eagerly executes op by op (~17 s)
+    y, ep = jax.jit(lambda w, x, b: expert_parallel_moe(w, CONFIG, x, mesh, bias=b, capacity_factor=0.5))(
+        weights, x, bias)
     cap = ep_capacity(T // 8, CONFIG, 4, 0.5)
     assert ep.capacity == cap == 1
     want = expected_drops(np.asarray(stats.experts), 8, 4, cap)

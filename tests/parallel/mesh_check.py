@@ -14,7 +14,7 @@ from tests.xla_flags import with_devices
 os.environ["XLA_FLAGS"] = with_devices(8)
 
 import jax  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import numpy as np  # noqa: E402
 
 from jaxserve import SamplingParams  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
@@ -27,9 +27,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 GRID = [(1, False, 1), (2, False, 1), (4, False, 1), (2, True, 1), (1, True, 4), (2, True, 2)]  # (T, EP, D)
 
 
-def check_grid(name: str) -> dict:
+def check_grid(name: str) -> tuple[dict, tuple]:
     """Greedy and seeded outputs of ``name`` equal for every layout of the grid (the expert-parallel ones for an
-    MoE model only); returns the engines by (t, ep, d)."""
+    MoE model only); returns the engines by (t, ep, d) and the one-device (greedy, seeded) outputs."""
     llms, ref = {}, None
     for t, ep, d in GRID:
         if ep and not MODELS[name].num_experts:
@@ -39,7 +39,7 @@ def check_grid(name: str) -> dict:
         ref = got if ref is None else ref
         assert got == ref, (name, t, ep, d, got, ref)
         print(f"{name} T={t} EP={ep} D={d}: greedy and seeded outputs equal", flush=True)
-    return llms
+    return llms, ref
 
 
 def spec(x) -> tuple:
@@ -168,7 +168,6 @@ def check_w4a4_matmul():
     """NVFP4 W4A4 emulation per shard at T=2 equals one device: column-parallel (x whole on every shard) and
     row-parallel (x quantized over its whole amax, though each shard holds half of it), reference and Pallas."""
     import jax.numpy as jnp
-    import numpy as np
     from jaxserve.parallel.layout import make_layout
     from jaxserve.quant import MatmulSettings, quantized_matmul
     from jaxserve.quant.sharded import sharded_quantized_matmul
@@ -203,27 +202,40 @@ def check_speculative(methods, plain):
 
 def check_preemption_and_prefix_cache():
     """Under TP a pool too small preempts, a shared prefix hits the cache, and n=2 samples fork their blocks
-    (copy-on-write on the sharded pool); outputs stay the same."""
-    long = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    ref = tokens(make("llama"), long)
-    small = make("llama", t=2, num_kv_blocks=8, max_num_batched_tokens=8)
-    assert tokens(small, long) == ref and small.stats()["num_preemptions"] > 0, small.stats()
+    (copy-on-write on the sharded pool); outputs stay the same.
+
+    Every engine here has the grid's configuration (its pool too: a pool of another size is another program), so
+    the decode (B=4) and mixed programs are the grid's; new are only the decode of a lone sequence (B=1) on one
+    device and at T=2, and the block copy."""
+    rng = np.random.default_rng(0)
+    vocab = MODELS["llama"].vocab_size
+    # 4 x (8 + 60) tokens need 68 of the pool's 64 blocks: one sequence is preempted, and recomputed alone; the
+    # prompts prefill in one step (32 tokens), so the others decode together to the end (B=4, the grid's program)
+    long_prompts = [rng.integers(0, vocab, 8).tolist() for _ in range(4)]
+    long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    one = make("llama")  # three at a time (51 blocks) and then one: never preempted
+    ref = tokens(one, long, long_prompts[:3]) + tokens(one, long, long_prompts[3:])
+    assert one.stats()["num_preemptions"] == 0, one.stats()
+    small = make("llama", t=2)
+    assert tokens(small, long, long_prompts) == ref and small.stats()["num_preemptions"] > 0, small.stats()
     shared = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] + p for p in ([8], [9, 7])]
-    want = tokens(make("llama", enable_prefix_caching=False), GREEDY, shared)
+    plain = make("llama", enable_prefix_caching=False)
+    want = tokens(plain, GREEDY, shared[:1]) + tokens(plain, GREEDY, shared[1:])
     cached = make("llama", t=2)  # a fresh engine (its cache empty), the grid's compiled programs
     assert tokens(cached, GREEDY, shared[:1]) + tokens(cached, GREEDY, shared[1:]) == want
     assert cached.stats()["prefix_cache_hit_rate"] > 0, cached.stats()
     forked = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2, ignore_eos=True)  # copy-on-write copies
-    assert tokens(cached, forked, PROMPTS[:1]) == tokens(make("llama"), forked, PROMPTS[:1])
-    print("TP: preemption, prefix caching and forked samples give the one-device outputs", flush=True)
+    assert tokens(cached, forked, PROMPTS[:2]) == tokens(make("llama"), forked, PROMPTS[:2])  # 4 sequences: B=4
+    print(f"TP: preemption ({small.stats()['num_preemptions']}), prefix caching (hit rate "
+          f"{cached.stats()['prefix_cache_hit_rate']:.2f}) and forked samples give the one-device outputs", flush=True)
 
 
-def check_attention_impls():
-    """The Pallas kernels (interpret mode) and the reference attention per shard: one prompt, few tokens."""
+def check_attention_impls(want, impls=("pallas",)):
+    """The Pallas kernels (interpret mode), or the reference attention, per shard at T=2: the grid's prompts, its
+    one-device greedy outputs' first 3 tokens (``want``)."""
     sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    want = tokens(make("llama"), sp, PROMPTS[:1])
-    for impl in ("pallas", "reference"):
-        assert tokens(make("llama", t=2, attention_impl=impl), sp, PROMPTS[:1]) == want, impl
+    for impl in impls:
+        assert tokens(make("llama", t=2, attention_impl=impl), sp) == [[t[:3] for t in o] for o in want], impl
         print(f"attention_impl={impl} T=2: outputs equal", flush=True)
 
 
@@ -237,31 +249,33 @@ def check_quantized_moe(name: str):
 
 
 def check_llama():
-    llms = check_grid("llama")
+    llms, (greedy, _) = check_grid("llama")
     check_shardings(llms[4, False, 1])
     check_hlo(llms)
     check_preemption_and_prefix_cache()
-    check_attention_impls()
+    check_attention_impls(greedy)  # Pallas per shard; the reference attention per shard: llama_weights_spec
 
 
 def check_llama_weights_and_speculation():
     """Llama's second half, a process of its own (xdist runs it beside the first): quantized weights per shard
-    and every speculative method at T=2."""
+    and every speculative method at T=2; the reference attention per shard."""
+    plain = tokens(make("llama"), GREEDY)
+    check_attention_impls(plain, ("reference",))
     check_w4a4_matmul()
     check_quantized([("llama", "nvfp4", "pallas"), ("llama", "fp8", "auto"), ("llama_d16", "mxfp4", "auto")],
                     {"llama": make("llama", t=2), "llama_d16": make("llama_d16", t=2)})
-    check_speculative(["draft_model", "ngram", "suffix", "medusa"], tokens(make("llama"), GREEDY))
+    check_speculative(["draft_model", "ngram", "suffix", "medusa"], plain)
 
 
 def check_qwen3_moe():
-    llms = check_grid("qwen3_moe")
+    llms, _ = check_grid("qwen3_moe")
     check_expert_shardings(llms[2, True, 2])
     check_expert_hlo(llms)
     check_moe_tensor_parallel("qwen3_moe", llms)
 
 
 def check_mixtral():
-    llms = check_grid("mixtral")
+    llms, _ = check_grid("mixtral")
     check_moe_tensor_parallel("mixtral", llms)
 
 

@@ -39,8 +39,9 @@ def run_check(*args, timeout=1200):  # generous: CI's 2 cores also run the other
 def test_mesh_layouts_on_8_devices(family):
     """Each family over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2) (EP for the MoE
     models) equals one device, greedy and seeded; shardings and the decode step's HLO collectives per layout.
-    Llama: preemption and prefix caching under TP, Pallas and reference attention per shard; in a process of its
-    own (llama_weights_spec), NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4
+    Llama: preemption, prefix caching and forked samples under TP (engines of the grid's configuration: its
+    compiled programs), Pallas attention per shard; in a process of its own (llama_weights_spec), the reference
+    attention per shard, NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4
     weights, and every speculative method at T=2.
     The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
     beside them at T=2 and EP."""
@@ -48,7 +49,8 @@ def test_mesh_layouts_on_8_devices(family):
 
 
 def test_two_processes_serve_one_model():
-    """Two processes on 127.0.0.1 (gloo, one CPU device each): TP 2 and EP 2 over both equal one device.
+    """Two processes on 127.0.0.1 (gloo, one CPU device each): a Qwen3-MoE tensor- and expert-parallel over both
+    (T=2, EP) gives the same outputs in both processes, and the one-device engine's.
 
     The one known race: another program taking the free port before the coordinator binds it (the
     test then fails at start-up, not wrongly)."""
@@ -61,8 +63,12 @@ def test_two_processes_serve_one_model():
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"process {i}: tensor- and expert-parallel over 2" in out, out[-3000:]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    assert "process 0: tensor- and expert-parallel over 2 processes equal one device" in outs[0], outs[0][-3000:]
+    printed = [[line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(f"process {i} outputs: ")]
+               for i, out in enumerate(outs)]
+    assert len(printed[0]) == 1 and printed[0] == printed[1], printed
 
 
 def llm(**kw):

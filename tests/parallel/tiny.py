@@ -24,7 +24,8 @@ PARAMS = {}
 
 def params_of(name):
     if name not in PARAMS:
-        PARAMS[name] = init_params(MODELS[name], jax.random.key(0))
+        # jitted: Flax's init run eagerly compiles a one-op program per op of the model's forward (~5 s a process)
+        PARAMS[name] = jax.jit(init_params, static_argnums=0)(MODELS[name], jax.random.key(0))
     return PARAMS[name]
 
 
