@@ -1,7 +1,6 @@
 """Shared test configuration: GPU-marked tests run only on a GPU backend; peers-marked tests only
 with the peers extra (torch, transformers) installed. XLA:CPU compiles the tests' programs without its backend
 optimizations (below)."""
-import gc
 import importlib.util
 import os
 
@@ -18,22 +17,13 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 import jax
 import pytest
 
-# XLA:CPU maps each compiled kernel's code and data as pages of their own (3 mappings per kernel), kept while its
-# executable lives in JAX's caches: 22 engine tests add ~16,500 mappings to a process. An xdist worker running half
-# the suite would pass the kernel's limit (vm.max_map_count, 65530 by default), where the next mmap fails and the
-# worker dies (an XLA compile or the persistent cache's serialize, at random). Dropping the caches unmaps them.
-# Counting costs ~1 ms per 1,000 mappings, so every 4th test; one test adds at most a few thousand.
-MAX_MEMORY_MAPS, CHECK_EVERY = 30_000, 4
+from jaxserve.memory_maps import release_programs
+
+# Compiled XLA:CPU kernels hold memory mappings of their own (jaxserve/memory_maps.py): an xdist worker running half
+# the suite would pass vm.max_map_count and die at random. Counting costs ~1 ms per 1,000 mappings, so every 4th
+# test; one test adds at most a few thousand.
+CHECK_EVERY = 4
 _tests_run = [0]
-
-
-def memory_maps() -> int:
-    """This process's memory mappings (lines of /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return f.read().count(b"\n")
-    except OSError:  # not Linux
-        return 0
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +31,8 @@ def _bounded_memory_maps():
     """After every CHECK_EVERY-th test, JAX's caches are cleared if the process holds over MAX_MEMORY_MAPS mappings."""
     yield
     _tests_run[0] += 1
-    if _tests_run[0] % CHECK_EVERY == 0 and memory_maps() > MAX_MEMORY_MAPS:
-        jax.clear_caches()
-        gc.collect()
+    if _tests_run[0] % CHECK_EVERY == 0:
+        release_programs()
 
 
 HAVE_PEERS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))

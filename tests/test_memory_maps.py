@@ -1,4 +1,4 @@
-"""tests/conftest.py's guard against XLA:CPU's per-kernel memory mappings reaching vm.max_map_count."""
+"""jaxserve.memory_maps (tests/conftest.py's guard) against XLA:CPU's per-kernel memory mappings reaching vm.max_map_count."""
 import gc
 import sys
 
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.conftest import memory_maps
+from jaxserve.memory_maps import memory_maps
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or jax.default_backend() != "cpu", reason="XLA:CPU on Linux")

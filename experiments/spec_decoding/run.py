@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from experiments.harness import ROOT
+from jaxserve.memory_maps import release_programs
 from jaxserve.models import get_preset, init_params
 from jaxserve.models.loading import model_path, resolve_model, widen_mlp, with_matmul_dtype
 from experiments.spec_decoding.measure import engine_policy, measure_engine_point, measure_point
@@ -31,7 +32,6 @@ from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_h
 from jaxserve.train.data import prompt_windows
 
 PRESET = "preset:"
-MAX_MEMORY_MAPS = 30_000  # release_programs: under half of vm.max_map_count's default 65530
 COLUMNS = {"method": "method", "temperature": "T", "batch": "batch", "prompts": "prompts", "gamma": "γ",
            "token_acceptance_prob": "α",
            "acceptance_rate": "vLLM rate", "mean_acceptance_length": "length", "theory_acceptance_length": "theory",
@@ -57,24 +57,6 @@ def load(name: str, seed: int, matmul_dtype: str | None = None, dtype: str | Non
         return (*with_matmul_dtype(config, jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed)),
                                    matmul_dtype), None)
     return resolve_model(name, dtype, matmul_dtype)
-
-
-def memory_maps() -> int:
-    """This process's memory mappings (lines of /proc/self/maps; 0 where there is none)."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return f.read().count(b"\n")
-    except OSError:
-        return 0
-
-
-def release_programs(max_maps: int = MAX_MEMORY_MAPS) -> None:
-    """Drops JAX's compiled programs once this process holds over ``max_maps`` memory mappings: ~90 programs in
-    one process exhausted the kernel's limit (vm.max_map_count 65530: each XLA:CPU kernel is JIT-mapped, ~700
-    mappings a program). Below it they stay for the next point: a batch's target-only baseline serves every method,
-    and temperature is an array, so both temperatures run one program."""
-    if memory_maps() > max_maps:
-        jax.clear_caches()
 
 
 def _steps(r) -> str:
@@ -182,7 +164,7 @@ def run(cfg, out):
                                       max_tokens=cfg.max_tokens, eos_token_id=eos, repeats=cfg.repeats,
                                       block_size=cfg.block_size, seed=cfg.seed, method=method,
                                       draft_head=draft_head if method == "draft_model" else None)
-        release_programs()
+        release_programs()  # ~90 programs in one process reached vm.max_map_count; below the bound they stay
     for method in cfg.methods:
         out.table(method, rows[method], columns=COLUMNS, fmt=FMT, title=f"While-loop path: {method}")
     engine = []  # saved after each point (engine_progress): a run cut short keeps the rows it measured
@@ -198,7 +180,7 @@ def run(cfg, out):
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
                                        seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size)
         out.json("engine_progress", {"points_done": done, "rows": engine})
-        release_programs()
+        release_programs()  # ~90 programs in one process reached vm.max_map_count; below the bound they stay
     if engine_points:
         out.json("engine_progress", {"points_done": len(engine_points)})  # complete: the rows are in the table
     if engine:
