@@ -50,3 +50,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` each worker's grouped tests carry their group in their node id (how pytest-xdist
+    sends a group to one worker). Where that is lost (pytest 9.2 with pytest-xdist 3.8: pytest-xdist issue 1386),
+    the groups' shared fixtures are built on every worker, silently; fail instead."""
+    config = session.config
+    if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):  # a worker's view
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]]
+    if lost:
+        raise pytest.UsageError(f"--dist loadgroup is not grouping on pytest {pytest.__version__} (pytest-xdist issue "
+                                f"1386): {len(lost)} grouped tests without their group in the node id, e.g. {lost[0]}")
