@@ -16,7 +16,10 @@ SMALL = ["--model", "random:small-llama", "--max-model-len", "64", "--max-num-se
 
 
 def needs_peer(name):
-    return pytest.mark.skipif(missing(name) is not None, reason=str(missing(name)))
+    """The peer's venv (benchmarks/peers/setup_*.sh), and torch: the peer is compared with the hf backend."""
+    def mark(test):
+        return pytest.mark.peers(pytest.mark.skipif(missing(name) is not None, reason=str(missing(name)))(test))
+    return mark
 
 
 def test_workload_file_round_trips_and_rejects_bad_files(tmp_path):
