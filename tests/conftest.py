@@ -1,16 +1,28 @@
 """Shared test configuration: GPU-marked tests run only on a GPU backend; peers-marked tests only
 with the peers extra (torch, transformers) installed. XLA:CPU compiles the tests' programs without its backend
 optimizations (below)."""
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 # tests/xla_flags.py: LLVM optimizations off (compiling is most of the suite's time); subprocesses inherit it
-from tests.xla_flags import TEST_XLA_FLAGS
+from tests.xla_flags import TEST_JAXLIB, TEST_XLA_FLAGS
 
 # No persistent compilation cache in the tests: on jax 0.10.2 writing an entry (`executable.serialize()`) has segfaulted
 # an xdist worker at random (CI of stops 34, 35 and a fresh-clone run on 2026-12-02, inside
 # jax/_src/compilation_cache.py put_executable_and_time); subprocesses inherit it. setdefault: a run may opt in.
 os.environ.setdefault("JAXSERVE_COMPILATION_CACHE", "0")
+# On jaxlib >= 0.11 (no such segfault seen) the run's processes share one: a program compiled by one xdist worker, by
+# a subprocess, or before jax.clear_caches() (jaxserve/memory_maps.py) is read, not compiled again (tests/engine and
+# tests/speculative on jaxlib 0.12: 234 s -> 190 s). The first process to load this file (pytest's controller, which
+# starts the workers and so passes them the variable) makes the directory and removes it when it exits.
+if TEST_JAXLIB >= (0, 11) and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="jaxserve-tests-xla-")
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 

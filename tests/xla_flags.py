@@ -12,8 +12,8 @@ fully optimized programs.
 from importlib.metadata import version
 
 _LLVM_OFF = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-_JAXLIB = tuple(int(p) for p in version("jaxlib").split(".")[:2])
-TEST_XLA_FLAGS = _LLVM_OFF + (" --xla_cpu_use_fusion_emitters=false" if _JAXLIB < (0, 11) else "")
+TEST_JAXLIB = tuple(int(p) for p in version("jaxlib").split(".")[:2])
+TEST_XLA_FLAGS = _LLVM_OFF + (" --xla_cpu_use_fusion_emitters=false" if TEST_JAXLIB < (0, 11) else "")
 
 
 def with_devices(count: int) -> str:

@@ -42,12 +42,13 @@ class Served:
     def v1(self) -> str:
         return self.url + "/v1"
 
-    def wait_idle(self, timeout: float = 20.0) -> dict:
-        """The loop's stats once no request is live and every KV block is free again."""
+    def wait_idle(self, timeout: float = 20.0, until=lambda stats: True) -> dict:
+        """The loop's stats once no request is live, every KV block is free again and ``until(stats)`` holds
+        (a request whose client has gone may not have reached the engine yet: idle alone would pass too early)."""
         deadline = time.monotonic() + timeout
         while True:
             stats = self.loop.stats()
-            if (stats["num_live"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]) \
+            if (stats["num_live"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"] and until(stats)) \
                     or time.monotonic() > deadline:
                 return stats
             time.sleep(0.02)
