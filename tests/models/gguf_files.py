@@ -1,6 +1,7 @@
 """Helpers for GGUF tests: the installed SmolLM2 file, and rewriting a GGUF with changes (``gguf``'s writer)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import pathlib
 
@@ -26,10 +27,32 @@ def load_with_transformers(path: pathlib.Path):
     import transformers
 
     from jaxserve.models.loading import load_gguf_model
-    config, params, tokenizer = load_gguf_model(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    return config, params, tokenizer, hf, transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with _one_reader_per_file():
+        config, params, tokenizer = load_gguf_model(path)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                               dtype=torch.float32).eval()
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return config, params, tokenizer, hf, hf_tokenizer
+
+
+@contextlib.contextmanager
+def _one_reader_per_file():
+    """``gguf.GGUFReader`` made once per file while inside: transformers parses a file three times (config, weights,
+    tokenizer) and jaxserve once, both with gguf-py, ~6 s a parse of SmolLM2's 49k-token vocabulary. A reader only
+    reads, so sharing it changes nothing either side computes."""
+    import gguf
+    original, readers = gguf.GGUFReader, {}
+
+    def shared(path, mode="r"):
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def assert_greedy_matches(hf, prompt: list[int], got: list[int], eos: int, pad: int):
