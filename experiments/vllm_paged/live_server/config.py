@@ -41,4 +41,4 @@ CONFIG = LiveServerConfig()
 # and 2 sequences a step: 3 step programs (one mixed, decode batches 1 and 2), all compiled inside the first rate.
 SMOKE = ("model=jaxserve/tiny-code-draft", "policies=[orca_oracle]", "warm_requests=0", "kv_slots=256",
          "max_model_len=128", "max_num_seqs=2", "max_num_batched_tokens=32", "warmup=false", "length_scale=0.03",
-         "num_requests=6", "rates=[2.0,8.0]")
+         "num_requests=4", "rates=[2.0,8.0]")
