@@ -10,11 +10,12 @@ import tempfile
 # tests/xla_flags.py: LLVM optimizations off (compiling is most of the suite's time); subprocesses inherit it
 from tests.xla_flags import TEST_JAXLIB, TEST_XLA_FLAGS
 
-# No persistent compilation cache in the tests: on jax 0.10.2 writing an entry (`executable.serialize()`) has segfaulted
-# an xdist worker at random (CI of stops 34, 35 and a fresh-clone run on 2026-12-02, inside
-# jax/_src/compilation_cache.py put_executable_and_time); subprocesses inherit it. setdefault: a run may opt in.
+# Not jaxserve's cache under ~/.cache (subprocesses inherit this; setdefault: a run may opt in). On jaxlib 0.10 no
+# persistent compilation cache at all: writing an entry (`executable.serialize()`) has segfaulted an xdist worker at
+# random (CI of stops 34, 35 and a fresh-clone run on 2026-12-02, in jax/_src/compilation_cache.py
+# put_executable_and_time).
 os.environ.setdefault("JAXSERVE_COMPILATION_CACHE", "0")
-# On jaxlib >= 0.11 (no such segfault seen) the run's processes share one: a program compiled by one xdist worker, by
+# On jaxlib >= 0.11 (no such segfault seen) the run's processes share a temporary one: a program compiled by one xdist worker, by
 # a subprocess, or before jax.clear_caches() (jaxserve/memory_maps.py) is read, not compiled again (tests/engine and
 # tests/speculative on jaxlib 0.12: 234 s -> 190 s). The first process to load this file (pytest's controller, which
 # starts the workers and so passes them the variable) makes the directory and removes it when it exits.
