@@ -8,6 +8,7 @@ Usage: python tests/parallel/mesh_check.py llama|qwen3_moe|mixtral
 """
 import os
 import sys
+from unittest import mock
 
 from tests.xla_flags import with_devices
 
@@ -17,7 +18,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxserve import SamplingParams  # noqa: E402
+import jaxserve.parallel.layout as layout_module  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
+from tests.parallel.ragged_a2a import check_docstring_example, emulated  # noqa: E402
 from tests.parallel.tiny import GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, tokens  # noqa: E402
 
 # every program into the persistent cache: reading a step's collectives (an AOT compile of a program the engine
@@ -248,6 +251,28 @@ def check_quantized_moe(name: str):
         print(f"nvfp4 {name} T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
 
 
+def check_moe_dispatch(auto_llm, greedy):
+    """moe_dispatch: "auto" on CPU is the padded all_to_all (``auto_llm``: Qwen3-MoE at T=2, EP, D=2, which the grid
+    ran); "ragged" (allowed here as on a GPU) makes the engine's decode step lower to ragged_all_to_all, 3 per MoE
+    layer and no padded all_to_all left, and, ragged_all_to_all emulated (XLA:CPU has none), serves the one-device
+    greedy outputs (``greedy``) at T=2, EP, D=1: its offsets put every row back where the padded dispatch does."""
+    layers = MODELS["qwen3_moe"].num_layers
+    r = auto_llm.engine.runner
+    auto = r.lowered(r.buckets.decode_shapes()[-1]).as_text()
+    assert r.layout.moe_dispatch == "all_to_all" and "ragged_all_to_all" not in auto, r.layout
+    assert auto.count('"stablehlo.all_to_all"') == 3 * layers, auto.count('"stablehlo.all_to_all"')
+    with mock.patch.object(layout_module, "RAGGED_PLATFORMS", ("cpu",)):
+        ragged = make("qwen3_moe", 2, True, 2, moe_dispatch="ragged").engine.runner
+        text = ragged.lowered(ragged.buckets.decode_shapes()[-1]).as_text()
+        counts = text.count("@ragged_all_to_all("), text.count('"stablehlo.all_to_all"')
+        assert ragged.layout.moe_dispatch == "ragged" and counts == (3 * layers, 0), (ragged.layout, counts)
+        print("moe_dispatch: auto on CPU lowers to all_to_all, ragged to ragged_all_to_all", flush=True)
+        check_docstring_example(jax.devices())
+        with emulated():  # another layout (D=1) than the lowered one: its programs traced with the emulation
+            assert tokens(make("qwen3_moe", 2, True, 1, moe_dispatch="ragged"), GREEDY) == greedy
+    print("moe_dispatch=ragged T=2 EP (ragged_all_to_all emulated): greedy outputs equal", flush=True)
+
+
 def check_llama():
     llms, (greedy, _) = check_grid("llama")
     check_shardings(llms[4, False, 1])
@@ -268,10 +293,11 @@ def check_llama_weights_and_speculation():
 
 
 def check_qwen3_moe():
-    llms, _ = check_grid("qwen3_moe")
+    llms, (greedy, _) = check_grid("qwen3_moe")
     check_expert_shardings(llms[2, True, 2])
     check_expert_hlo(llms)
     check_moe_tensor_parallel("qwen3_moe", llms)
+    check_moe_dispatch(llms[2, True, 2], greedy)  # last: its engines trace with a patched ragged_all_to_all
 
 
 def check_mixtral():

@@ -45,7 +45,8 @@ def test_mesh_layouts_on_8_devices(family):
     attention per shard, NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4
     weights, and every speculative method at T=2.
     The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
-    beside them at T=2 and EP."""
+    beside them at T=2 and EP. Qwen3-MoE: moe_dispatch="auto" lowers to the padded all_to_all on CPU, "ragged" to
+    ragged_all_to_all, and serves the same tokens with ragged_all_to_all emulated (tests/parallel/ragged_a2a.py)."""
     run_check(family)
 
 
