@@ -273,6 +273,15 @@ def check_moe_dispatch(auto_llm, greedy):
     print("moe_dispatch=ragged T=2 EP (ragged_all_to_all emulated): greedy outputs equal", flush=True)
 
 
+def check_speculative_expert_parallel(greedy):
+    """N-gram speculation on Qwen3-MoE with its experts split (T=2, EP): the verify rounds run the MoE layers over
+    B x (1 + gamma) tokens through the all_to_all; greedy outputs equal one device's plain ones (``greedy``)."""
+    llm = make_spec("ngram", 2, "qwen3_moe", ep=True)
+    assert tokens(llm, GREEDY) == greedy
+    assert int(llm.engine.spec_stats.metrics.rounds.sum()) > 0, llm.engine.spec_stats.metrics
+    print("speculative ngram T=2 EP: greedy outputs equal", flush=True)
+
+
 def check_llama():
     llms, (greedy, _) = check_grid("llama")
     check_shardings(llms[4, False, 1])
@@ -297,6 +306,7 @@ def check_qwen3_moe():
     check_expert_shardings(llms[2, True, 2])
     check_expert_hlo(llms)
     check_moe_tensor_parallel("qwen3_moe", llms)
+    check_speculative_expert_parallel(greedy)
     check_moe_dispatch(llms[2, True, 2], greedy)  # last: its engines trace with a patched ragged_all_to_all
 
 

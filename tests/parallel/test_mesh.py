@@ -46,7 +46,8 @@ def test_mesh_layouts_on_8_devices(family):
     weights, and every speculative method at T=2.
     The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
     beside them at T=2 and EP. Qwen3-MoE: moe_dispatch="auto" lowers to the padded all_to_all on CPU, "ragged" to
-    ragged_all_to_all, and serves the same tokens with ragged_all_to_all emulated (tests/parallel/ragged_a2a.py)."""
+    ragged_all_to_all, and serves the same tokens with ragged_all_to_all emulated (tests/parallel/ragged_a2a.py);
+    n-gram speculation at T=2 with EP gives one device's greedy tokens."""
     run_check(family)
 
 
