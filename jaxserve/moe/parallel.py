@@ -19,7 +19,8 @@ block). A smaller C (``capacity_factor``) drops assignments past C per destinati
 their output is zero and they are counted in ``EPStats.dropped``.
 
 ``dispatch="ragged"`` sends only the live rows with ``lax.ragged_all_to_all`` (GPU/TPU). XLA:CPU
-does not implement it, so that path is only traced and lowered in the CPU tests, never run.
+does not implement it, so the CPU tests lower that path, and run it only with ragged_all_to_all emulated
+(tests/parallel/ragged_a2a.py).
 """
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ Axis names: P pages, S page size, K kv heads, D head dim, E hidden size, H heads
 - expert parallelism (``enable_expert_parallel``): the experts of every MoE layer are split over
   ``("data", "tensor")``, all D x T devices, and dispatched / combined with ``all_to_all``
   (``jaxserve.moe.parallel.expert_parallel_routed``), padded (``lax.all_to_all``) or ragged
-  (``lax.ragged_all_to_all``: live rows only) by ``moe_dispatch`` (``resolve_moe_dispatch``). Without it, under T > 1 every expert is split on its
-  intermediate dimension over ``"tensor"`` (vLLM: gate/up column-, down row-parallel, one all-reduce per MoE
-  layer; ``jaxserve.moe.tensor_parallel``).
+  (``lax.ragged_all_to_all``: live rows only) as ``moe_dispatch`` says (``resolve_moe_dispatch``). Without it,
+  under T > 1 every expert is split on its intermediate dimension over ``"tensor"`` (vLLM: gate/up column-, down
+  row-parallel, one all-reduce per MoE layer; ``jaxserve.moe.tensor_parallel``).
 
 The mesh spans every visible device (all processes' under ``jax.distributed``), its first D x T.
 """

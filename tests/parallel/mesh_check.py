@@ -24,7 +24,8 @@ from jaxserve.models.hf_export import save_hf  # noqa: E402
 import jaxserve.parallel.layout as layout_module  # noqa: E402
 from jaxserve.parallel.hlo import Collective, collectives, gathers_of  # noqa: E402
 from tests.parallel.ragged_a2a import check_docstring_example, emulated  # noqa: E402
-from tests.parallel.tiny import ENGINE, GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, params_of, tokens  # noqa: E402
+from tests.parallel.tiny import (ENGINE, GREEDY, MODELS, PROMPTS, SEEDED, make, make_spec, params_of,  # noqa: E402
+                                 tokens)
 
 # every program into the persistent cache: reading a step's collectives (an AOT compile of a program the engine
 # already ran) is then a cache hit, not a second compile
