@@ -18,6 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
+MOE_DISPATCHES = ("auto", "all_to_all", "ragged")  # see jaxserve/parallel/layout.py resolve_moe_dispatch
 ROPE_TYPES = ("default", "linear", "llama3")  # see jaxserve/layers.py: rope_inv_freq
 LAYER_TYPES = ("full_attention", "sliding_attention")
 HIDDEN_ACTS = ("silu", "gelu_tanh")  # SwiGLU | GeGLU with tanh-approximated GELU (Gemma)
@@ -220,6 +221,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # how expert parallelism moves tokens to their experts and back: auto (ragged on GPU/TPU, all_to_all on
+    # CPU) | all_to_all (padded to the worst case, works everywhere) | ragged (lax.ragged_all_to_all: only the
+    # live rows; XLA:CPU has none, so an error there)
+    moe_dispatch: str = "auto"
 
     def __post_init__(self):
         _check_engine_types(self)
@@ -238,6 +243,8 @@ class EngineConfig:
                  f"EngineConfig.quant_impl must be one of {QUANT_IMPLS}, got {self.quant_impl!r}")
         _require(self.kv_allocation in KV_ALLOCATIONS,
                  f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
+        _require(self.moe_dispatch in MOE_DISPATCHES,
+                 f"EngineConfig.moe_dispatch must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
 
 
 def _check_engine_types(ec: EngineConfig) -> None:
@@ -251,7 +258,7 @@ def _check_engine_types(ec: EngineConfig) -> None:
     check_bool("EngineConfig.enable_prefix_caching", ec.enable_prefix_caching)
     check_bool("EngineConfig.enable_expert_parallel", ec.enable_expert_parallel)
     _require(ec.seed >= 0, f"EngineConfig.seed must be >= 0, got {ec.seed}")
-    for name in ("attention_impl", "kv_allocation"):
+    for name in ("attention_impl", "kv_allocation", "moe_dispatch"):
         if not isinstance(getattr(ec, name), str):
             raise TypeError(f"EngineConfig.{name} must be a str, got {getattr(ec, name)!r}")
 

@@ -60,7 +60,8 @@ class LLMEngine:
                              f"round of 1 + {speculative.gamma} tokens")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
-        layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel)
+        layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel,
+                             moe_dispatch=ec.moe_dispatch)
         run_config = config
         if layout is not None:  # KV heads repeated up to T before quantizing; every split checked on shapes only
             run_config, params = layout.prepare(config, params)

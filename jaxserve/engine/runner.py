@@ -175,11 +175,16 @@ class ModelRunner:
                  sbatch, np.bool_(top_logprobs), self.router_state),
                 dict(config=self.config, attention_impl=self.attention_impl, quant=self.quant, layout=self.layout))
 
-    def compiled_text(self, shape: tuple[int, int, int, bool]) -> str:
-        """The compiled HLO of the plain step at bucket ``shape`` (one of ``buckets.decode_shapes()`` or
-        ``mixed_shapes()``), for inspecting its collectives (``jaxserve.parallel.hlo``); runs nothing."""
+    def lowered(self, shape: tuple[int, int, int, bool]) -> jax.stages.Lowered:
+        """The plain step at bucket ``shape`` (one of ``buckets.decode_shapes()`` or ``mixed_shapes()``), lowered
+        for this runner's layout and not compiled (its StableHLO text names the collectives); runs nothing."""
         args, kwargs = self._plain_args(pack([WARMUP_READER], *shape), [], False)
-        return programs.plain_step.lower(*args, **kwargs).compile().as_text()
+        return programs.plain_step.lower(*args, **kwargs)
+
+    def compiled_text(self, shape: tuple[int, int, int, bool]) -> str:
+        """The compiled HLO of the plain step at bucket ``shape``, for inspecting its collectives
+        (``jaxserve.parallel.hlo``); runs nothing."""
+        return self.lowered(shape).compile().as_text()
 
     # ---- speculative fill: prefill chunks and plain decodes, target and draft together ---------
 

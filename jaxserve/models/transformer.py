@@ -105,8 +105,8 @@ class DecoderLayer(nn.Module):
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"
             routed, lo = None, self.layout
-            if lo is not None and lo.expert_parallel:  # experts split over devices, all_to_all dispatch
-                routed = partial(expert_parallel_routed, mesh=lo.mesh, axes=lo.expert_axes)
+            if lo is not None and lo.expert_parallel:  # experts split over devices, (ragged) all_to_all dispatch
+                routed = partial(expert_parallel_routed, mesh=lo.mesh, axes=lo.expert_axes, dispatch=lo.moe_dispatch)
             elif lo is not None and lo.tensor_size > 1:  # every expert split on its intermediate dim
                 routed = partial(tensor_parallel_routed, mesh=lo.mesh, axis=TENSOR)
             return lambda h: MoEBlock(c, routed, name="mlp")(h)[0]

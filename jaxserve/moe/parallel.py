@@ -19,7 +19,8 @@ block). A smaller C (``capacity_factor``) drops assignments past C per destinati
 their output is zero and they are counted in ``EPStats.dropped``.
 
 ``dispatch="ragged"`` sends only the live rows with ``lax.ragged_all_to_all`` (GPU/TPU). XLA:CPU
-does not implement it, so that path is only traced and lowered in the CPU tests, never run.
+does not implement it, so the CPU tests lower that path, and run it only with ragged_all_to_all emulated
+(tests/parallel/ragged_a2a.py).
 """
 from __future__ import annotations
 
@@ -86,9 +87,13 @@ def expert_parallel_moe(weights: dict, config: ModelConfig, x: jax.Array, mesh: 
     return y, EPStats(load, dropped, cap, sent)
 
 
-def _validate(config, x, mesh, expert_axis, data_axis, dispatch) -> tuple[int, int]:
+def _check_dispatch(dispatch: str) -> None:
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {DISPATCH}, got {dispatch!r}")
+
+
+def _validate(config, x, mesh, expert_axis, data_axis, dispatch) -> tuple[int, int]:
+    _check_dispatch(dispatch)
     n = require_axis(mesh, expert_axis)
     e, k = config.num_experts, config.num_experts_per_tok
     if not 1 <= k <= e:
@@ -136,14 +141,17 @@ def _dispatch_combine(weights, x, experts, gates, *, config: ModelConfig, axis, 
 
 
 def expert_parallel_routed(weights: dict, config: ModelConfig, x: jax.Array, bias: jax.Array | None = None, *,
-                           mesh: Mesh, axes: tuple[str, ...]) -> tuple[jax.Array, RouterStats]:
+                           mesh: Mesh, axes: tuple[str, ...], dispatch: str = "all_to_all"
+                           ) -> tuple[jax.Array, RouterStats]:
     """The routed part of an MoE block inside a jitted step, its experts split over mesh ``axes``.
 
     x [T, H] (any sharding; T any size: padded to the N = prod(axes) token shards); the expert banks
     ``weights[gate_proj|up_proj|down_proj]`` are split on E over ``axes``. Routing runs replicated (it is
-    small and gives exact ``RouterStats``); each device then dispatches its T/N tokens with ``all_to_all``,
-    runs its E/N experts and combines back (dropless). Returns (y [T, H], RouterStats), as ``routed_experts``.
+    small and gives exact ``RouterStats``); each device then dispatches its T/N tokens with ``all_to_all``
+    (``dispatch="ragged"``: ``ragged_all_to_all``, GPU/TPU only), runs its E/N experts and combines back
+    (dropless). Returns (y [T, H], RouterStats), as ``routed_experts``.
     """
+    _check_dispatch(dispatch)
     n = math.prod(mesh.shape[a] for a in axes)
     whole = NamedSharding(mesh, P())  # keeps GSPMD from splitting the dense layers' tokens over the data axis
     x = jax.lax.with_sharding_constraint(x, whole)
@@ -155,7 +163,7 @@ def expert_parallel_routed(weights: dict, config: ModelConfig, x: jax.Array, bia
 
     def local(banks, xs, experts, gates):
         y, dropped = _dispatch_combine(banks, xs, experts, gates, config=config, axis=axes, capacity=cap,
-                                       ragged=False)
+                                       ragged=dispatch == "ragged")
         return y, jax.lax.psum(dropped, axes)
 
     banks = {name: weights[name] for name in ("gate_proj", "up_proj", "down_proj")}

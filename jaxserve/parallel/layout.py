@@ -13,9 +13,10 @@ Axis names: P pages, S page size, K kv heads, D head dim, E hidden size, H heads
   splits the step's tokens over all D x T devices for the dispatch.
 - expert parallelism (``enable_expert_parallel``): the experts of every MoE layer are split over
   ``("data", "tensor")``, all D x T devices, and dispatched / combined with ``all_to_all``
-  (``jaxserve.moe.parallel.expert_parallel_routed``). Without it, under T > 1 every expert is split on its
-  intermediate dimension over ``"tensor"`` (vLLM: gate/up column-, down row-parallel, one all-reduce per MoE
-  layer; ``jaxserve.moe.tensor_parallel``).
+  (``jaxserve.moe.parallel.expert_parallel_routed``), padded (``lax.all_to_all``) or ragged
+  (``lax.ragged_all_to_all``: live rows only) as ``moe_dispatch`` says (``resolve_moe_dispatch``). Without it,
+  under T > 1 every expert is split on its intermediate dimension over ``"tensor"`` (vLLM: gate/up column-, down
+  row-parallel, one all-reduce per MoE layer; ``jaxserve.moe.tensor_parallel``).
 
 The mesh spans every visible device (all processes' under ``jax.distributed``), its first D x T.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxserve.cache.kv_pool import KVLayer, KVPool
-from jaxserve.config import ModelConfig
+from jaxserve.config import MOE_DISPATCHES, ModelConfig
 from jaxserve.parallel.mesh import make_mesh
 from jaxserve.parallel.sharding import DEFAULT_RULES, param_specs
 
@@ -40,6 +41,7 @@ class Layout:
     """A mesh and the engine's use of it (static and hashable: a jitted step's static argument)."""
     mesh: Mesh
     expert_parallel: bool = False
+    moe_dispatch: str = "all_to_all"  # resolved: "all_to_all" (padded) | "ragged"
 
     @property
     def tensor_size(self) -> int:
@@ -129,18 +131,39 @@ def _repeat_kv(layer: dict, kv_heads: int, head_dim: int, reps: int) -> dict:
 
 
 def make_layout(config: ModelConfig, tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                enable_expert_parallel: bool = False, devices=None) -> Layout | None:
+                enable_expert_parallel: bool = False, devices=None, moe_dispatch: str = "auto") -> Layout | None:
     """The layout for these sizes (None for one device without expert parallelism); ValueErrors name the
     option and value that ``config`` or the visible devices cannot serve, before anything is built."""
     t, d, ep = tensor_parallel_size, data_parallel_size, enable_expert_parallel
     check_layout(config, t, d, ep)
+    devices = jax.devices() if devices is None else devices
+    dispatch = resolve_moe_dispatch(moe_dispatch, devices[0].platform)  # refused on CPU even where unused
     if t == d == 1 and not ep:
         return None
-    devices = jax.devices() if devices is None else devices
     if t * d > len(devices):
         raise ValueError(f"tensor_parallel_size={t} x data_parallel_size={d} needs {t * d} devices, "
                          f"only {len(devices)} visible")
-    return Layout(make_mesh({DATA: d, TENSOR: t}, devices), ep)
+    return Layout(make_mesh({DATA: d, TENSOR: t}, devices), ep, dispatch)
+
+
+RAGGED_PLATFORMS = ("gpu", "tpu")  # where XLA implements ragged_all_to_all (not XLA:CPU)
+
+
+def resolve_moe_dispatch(moe_dispatch: str, platform: str) -> str:
+    """``moe_dispatch`` ("auto" | "all_to_all" | "ragged") on devices of ``platform`` -> "all_to_all" | "ragged".
+
+    "auto" is ragged where the backend has ``ragged_all_to_all`` (it moves only the live rows), else the padded
+    ``all_to_all``; "ragged" elsewhere is a ValueError naming the option."""
+    if moe_dispatch not in MOE_DISPATCHES:
+        raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCHES}, got {moe_dispatch!r}")
+    ragged_here = platform in RAGGED_PLATFORMS
+    if moe_dispatch == "ragged" and not ragged_here:
+        raise ValueError(f"moe_dispatch='ragged' needs lax.ragged_all_to_all, which XLA on platform {platform!r} "
+                         f"does not implement (it does on {' and '.join(RAGGED_PLATFORMS)}); use 'auto' or "
+                         f"'all_to_all'")
+    if moe_dispatch == "auto":
+        return "ragged" if ragged_here else "all_to_all"
+    return moe_dispatch
 
 
 def check_layout(config: ModelConfig, t: int, d: int, ep: bool) -> None:

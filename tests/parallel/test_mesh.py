@@ -15,6 +15,7 @@ from jaxserve.config import EngineConfig, ModelConfig
 from jaxserve.models import init_params
 from jaxserve.parallel.distributed import free_port
 from jaxserve.parallel.hlo import collectives
+from jaxserve.parallel.layout import resolve_moe_dispatch
 from jaxserve.parallel.sharding import param_specs
 from jaxserve.quant import quantized_shapes
 
@@ -39,12 +40,14 @@ def run_check(*args, timeout=1200):  # generous: CI's 2 cores also run the other
 def test_mesh_layouts_on_8_devices(family):
     """Each family over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2) (EP for the MoE
     models) equals one device, greedy and seeded; shardings and the decode step's HLO collectives per layout.
-    Llama: preemption, prefix caching and forked samples under TP (engines of the grid's configuration: its
-    compiled programs), Pallas attention per shard; in a process of its own (llama_weights_spec), the reference
-    attention per shard, NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4
-    weights, and every speculative method at T=2.
+    Llama: loaded by path from a Hugging Face directory (hf_export) at T=4; preemption, prefix caching and forked
+    samples under TP (engines of the grid's configuration: its compiled programs), Pallas attention per shard; in a
+    process of its own (llama_weights_spec), the reference attention per shard, NVFP4 (the Pallas matmul per shard,
+    the float model's collectives), FP8 and MXFP4 weights, and every speculative method at T=2.
     The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
-    beside them at T=2 and EP."""
+    beside them at T=2 and EP. Qwen3-MoE: moe_dispatch="auto" lowers to the padded all_to_all on CPU, "ragged" to
+    ragged_all_to_all, and serves the same tokens with ragged_all_to_all emulated (tests/parallel/ragged_a2a.py);
+    n-gram speculation at T=2 with EP gives one device's greedy tokens."""
     run_check(family)
 
 
@@ -81,10 +84,23 @@ def llm(**kw):
     (dict(enable_expert_parallel=True), r"enable_expert_parallel=True needs a Mixture-of-Experts model"),
     (dict(data_parallel_size=2), "data_parallel_size=2 needs enable_expert_parallel=True"),
     (dict(tensor_parallel_size=0), "EngineConfig.tensor_parallel_size must be > 0, got 0"),
+    (dict(moe_dispatch="ragged"), r"moe_dispatch='ragged' needs lax.ragged_all_to_all, which XLA on platform 'cpu' "
+                                  r"does not implement \(it does on gpu and tpu\); use 'auto' or 'all_to_all'"),
+    (dict(moe_dispatch="nccl"), r"EngineConfig.moe_dispatch must be one of \('auto', 'all_to_all', 'ragged'\), "
+                                r"got 'nccl'"),
 ])
 def test_layout_errors_name_the_option(kw, match):
     with pytest.raises(ValueError, match=match):
         llm(**kw)
+
+
+@pytest.mark.parametrize("moe_dispatch, platform, want", [
+    ("auto", "cpu", "all_to_all"), ("auto", "gpu", "ragged"), ("auto", "tpu", "ragged"),
+    ("all_to_all", "gpu", "all_to_all"), ("ragged", "gpu", "ragged"), ("all_to_all", "cpu", "all_to_all"),
+])
+def test_moe_dispatch_resolves_per_platform(moe_dispatch, platform, want):
+    """"auto" is ragged_all_to_all where XLA has it (GPU, TPU), the padded all_to_all on CPU."""
+    assert resolve_moe_dispatch(moe_dispatch, platform) == want
 
 
 def test_kv_heads_neither_divided_nor_replicated_is_an_error():
@@ -132,6 +148,8 @@ def test_types_are_checked():
         EngineConfig(enable_expert_parallel=1)
     with pytest.raises(TypeError, match="EngineConfig.tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=2.0)
+    with pytest.raises(TypeError, match="EngineConfig.moe_dispatch must be a str, got 1"):
+        EngineConfig(moe_dispatch=1)
 
 
 def test_cli_flags_reach_the_engine(capsys):

@@ -33,13 +33,14 @@ DRAFT = MODELS["llama"].replace(num_layers=1, hidden_size=16, head_dim=4, interm
                                 num_kv_heads=1)
 
 
-def make_spec(method, t=1, **kw):
-    """The tiny Llama with a speculative proposer: the 1-layer ``DRAFT`` for "draft_model", Medusa heads, or none."""
+def make_spec(method, t=1, name="llama", **kw):
+    """Tiny ``name`` with a speculative proposer: the 1-layer Llama ``DRAFT`` for "draft_model" (every family here
+    shares its vocabulary), Medusa heads, or none."""
     from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
     heads = MedusaConfig(hidden_size=BASE["hidden_size"], vocab_size=BASE["vocab_size"], num_heads=2)
     draft = {"draft_model": lambda: (DRAFT, init_params(DRAFT, jax.random.key(1))),
-             "medusa": lambda: (heads, init_medusa_params(heads, params_of("llama"), MODELS["llama"]))}.get(method)
-    return make("llama", t, speculative=SpeculativeConfig(method=method, num_speculative_tokens=2),
+             "medusa": lambda: (heads, init_medusa_params(heads, params_of(name), MODELS[name]))}.get(method)
+    return make(name, t, speculative=SpeculativeConfig(method=method, num_speculative_tokens=2),
                 draft=draft and draft(), **kw)
 
 
