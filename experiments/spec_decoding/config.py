@@ -34,7 +34,8 @@ class SpecDecodingConfig:
     min_prompts: int = 8              # each point covers >= this many prompts: ceil(min_prompts / batch) sets
                                       # of batch, each timed on its own (one prompt's α is not the draft's α)
     max_tokens: int = 64
-    ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work
+    ignore_eos: bool = True           # every row generates max_tokens, so both sides do the same work (false:
+                                      # rows end at EOS; greedy sides emit the same tokens, the same work)
     repeats: int = 5                  # timed calls per point, alternating with as many baseline calls (the
                                       # fastest of each is kept); one more untimed of each compiles
     block_size: int = 16
@@ -64,6 +65,9 @@ class SpecDecodingConfig:
     # the engine's speculation policy per engine row (SpeculativeConfig): "none" (every decode step speculates),
     # "adaptive" (SpeculativeConfig.adaptive) or "by_batch:N" (disable_by_batch_size=N); each its own row
     engine_policies: tuple = ("none",)
+    # suffix decoding's drafts reach at most this times the matched context's length (SuffixDecoding's α;
+    # SpeculativeConfig.suffix_spec_factor; vLLM's suffix_decoding_max_spec_factor, default 1)
+    suffix_spec_factor: float = 1.0
     seed: int = 0
 
 

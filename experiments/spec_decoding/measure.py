@@ -165,7 +165,7 @@ def _engine_calls(llm, prompt_sets: list, params: list) -> list:
 def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas, temperature: float,
                          max_tokens: int, repeats: int, engine_kwargs: dict, seed: int = 0,
                          draft_vocab_size: int | None = None, lens: np.ndarray | None = None,
-                         policies=("none",)) -> list[dict]:
+                         policies=("none",), suffix_spec_factor: float = 1.0, ignore_eos: bool = True) -> list[dict]:
     """The engine path: ``LLM.generate`` of each set of B prompts (i32[B, L], or i32[S, B, L] for S
     sets timed one by one as in ``measure_point``) with one speculative round per step, against a
     plain engine over the same target. target: (config, params); proposers: method -> proposer
@@ -173,7 +173,10 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     (its weights then carry the tokenizer and token counts). Acceptance figures are the spec engine's
     ``stats()`` over its timed calls. ``lens`` (i32[B] or i32[S, B]): each prompt's length, the rest of
     its row padding (None: whole rows). ``policies``: the speculation policy of each row ("none", "adaptive",
-    "by_batch:N"; ``engine_policy``); a row's ``plain_steps`` / ``speculative_steps`` count the policy's choices."""
+    "by_batch:N"; ``engine_policy``); a row's ``plain_steps`` / ``speculative_steps`` count the policy's choices.
+    ``suffix_spec_factor``: suffix decoding's drafts reach at most this times the matched context's length
+    (``SpeculativeConfig.suffix_spec_factor``). ``ignore_eos=False``: requests stop at EOS (greedy: both sides
+    emit the same tokens, so the same work)."""
     from jaxserve import LLM, SamplingParams
 
     tcfg, tparams = target
@@ -183,7 +186,7 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
     prompt_sets = [[list(map(int, p[:n])) for p, n in zip(prompts, ns)] for prompts, ns in zip(sets, lens)]
     def params(tokens):
         return [[SamplingParams(max_tokens=tokens, temperature=temperature, seed=seed + i * batch + j,
-                                ignore_eos=True) for j in range(batch)] for i in range(num_sets)]
+                                ignore_eos=ignore_eos) for j in range(batch)] for i in range(num_sets)]
 
     kw = {"max_num_seqs": batch, **engine_kwargs}
     plain = LLM.from_params(tcfg, tparams, **kw)
@@ -194,7 +197,8 @@ def measure_engine_point(target, proposers: dict, prompts: np.ndarray, *, gammas
         for gamma in gammas:
             for policy in policies:
                 rows.append(_engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_sets, params,
-                                        max_tokens, repeats, batch, temperature, draft_vocab_size))
+                                        max_tokens, repeats, batch, temperature, draft_vocab_size,
+                                        suffix_spec_factor))
     return rows
 
 
@@ -210,7 +214,7 @@ def engine_policy(policy: str) -> dict:
 
 
 def _engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_sets, params, max_tokens, repeats,
-                batch, temperature, draft_vocab_size) -> dict:
+                batch, temperature, draft_vocab_size, suffix_spec_factor) -> dict:
     from jaxserve import LLM, SpeculativeConfig
 
     tcfg, tparams = target
@@ -219,7 +223,8 @@ def _engine_row(target, method, weights, gamma, policy, kw, baseline, prompt_set
     # draft from the previous call's (greedy: identical) outputs
     spec = SpeculativeConfig(method=method, num_speculative_tokens=gamma,
                              draft_vocab_size=draft_vocab_size if method == "draft_model" else None,
-                             suffix_max_cached_requests=0, **engine_policy(policy))
+                             suffix_max_cached_requests=0, suffix_spec_factor=suffix_spec_factor,
+                             **engine_policy(policy))
     llm = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)
     # its own engine (same jitted programs), so that llm.stats() counts only the full calls
     prefill_only = LLM.from_params(tcfg, tparams, speculative=spec, draft=weights, **kw)

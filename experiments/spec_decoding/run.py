@@ -142,7 +142,9 @@ def run(cfg, out):
     out.text(f"Target {cfg.target} ({tcfg.dtype}){widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
-             f"{cfg.engine_max_tokens}), fastest of {cfg.repeats} timed calls, each point's calls alternating "
+             f"{cfg.engine_max_tokens}){' (EOS ignored)' if cfg.ignore_eos else ', fewer where a row ends at EOS'}"
+             f"{'' if cfg.suffix_spec_factor == 1 else f'; suffix drafts up to {cfg.suffix_spec_factor:g}x the matched length'}"
+             ", fastest of {cfg.repeats} timed calls, each point's calls alternating "
              "with as many of its own baseline (so drift in the machine's speed hits both alike). A point covers "
              f"at least {cfg.min_prompts} prompts: batches smaller than that run ceil({cfg.min_prompts} / batch) "
              "prompt sets, each timed on its own, and a side's time is the sum of each set's fastest call.\n\n"
@@ -178,7 +180,8 @@ def run(cfg, out):
                                        max_tokens=cfg.engine_max_tokens, repeats=cfg.repeats,
                                        # no prefix caching: every timed call does the same prefill as the first
                                        engine_kwargs={"block_size": cfg.block_size, "enable_prefix_caching": False},
-                                       seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size)
+                                       seed=cfg.seed, draft_vocab_size=cfg.draft_vocab_size,
+                                       suffix_spec_factor=cfg.suffix_spec_factor, ignore_eos=cfg.ignore_eos)
         out.json("engine_progress", {"points_done": done, "rows": engine})
         release_programs()  # ~90 programs in one process reached vm.max_map_count; below the bound they stay
     if engine_points:

@@ -109,8 +109,9 @@ class BucketPolicy:
     decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64)
     and small ones (1, 2, 4) for low-load latency. ``lookahead``: γ of a speculative runner.
     ``narrow_rounds``: its drafts are made on the host (suffix decoding), so a round can verify only as many
-    slots as its longest draft: ``round_widths`` are γ and every quarter of it down to 1 (γ 16: 1, 4, 16), a
-    round with short drafts costs a short verify, at most 3 programs per round shape for γ <= 16.
+    slots as its longest draft: ``round_widths`` are γ and every half of it down to 1 (γ 16: 1, 2, 4, 8, 16),
+    so a round with short drafts costs a short verify (most host drafts are 0-4 tokens; one of 5 verifies 8
+    slots, not 16), at most 5 programs per round shape for γ <= 16.
     """
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, block_size: int,
@@ -118,8 +119,8 @@ class BucketPolicy:
         self.max_num_seqs = max_num_seqs
         self.lookahead = lookahead
         self.round_widths = [lookahead]
-        while narrow_rounds and self.round_widths[0] >= 4:
-            self.round_widths.insert(0, self.round_widths[0] // 4)
+        while narrow_rounds and self.round_widths[0] >= 2:
+            self.round_widths.insert(0, self.round_widths[0] // 2)
         # Minimum buckets trade a little padded work for far fewer programs to compile.
         self.token_buckets = powers_of_two(min(32, max_num_batched_tokens), max_num_batched_tokens)
         self.page_buckets = self._pages(-(-max_model_len // block_size), block_size, live_pages_only)

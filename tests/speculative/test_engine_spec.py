@@ -292,7 +292,7 @@ def test_ngram_engine_greedy_equals_target_greedy(models, prompts, oracle):
 def test_suffix_engine_greedy_equals_target_greedy_and_reuses_earlier_outputs(models, prompts, oracle):
     """Suffix decoding in the engine: host trees per sequence, drafts of 0..γ tokens, exact greedy tokens;
     the second run of the same prompts drafts from the first's outputs (the global tree). γ 4: rounds whose
-    drafts are at most 1 token run the 1-wide program (``BucketPolicy.round_widths``)."""
+    drafts are at most 1 token run the 1-wide program, at most 2 the 2-wide (``BucketPolicy.round_widths``)."""
     llm = spec_llm(models, draft=None, method="suffix", gamma=4)
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == oracle
     cold = llm.stats()
@@ -395,13 +395,13 @@ def test_bad_draft_vocab_settings_raise_before_anything_is_built(models):
 
 
 def test_host_drafted_rounds_are_as_wide_as_their_longest_draft():
-    """Suffix rounds verify min(width >= longest draft) slots among γ and its quarters; other proposers γ."""
+    """Suffix rounds verify min(width >= longest draft) slots among γ and its halves; other proposers γ."""
     def policy(gamma, narrow):
         return BucketPolicy(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=16,
                             live_pages_only=True, lookahead=gamma, narrow_rounds=narrow)
-    assert [policy(g, True).round_widths for g in (2, 3, 4, 8, 16, 20)] == [[2], [3], [1, 4], [2, 8], [1, 4, 16],
-                                                                             [1, 5, 20]]
+    assert [policy(g, True).round_widths for g in (1, 2, 3, 4, 16, 20)] == [[1], [1, 2], [1, 3], [1, 2, 4],
+                                                                             [1, 2, 4, 8, 16], [1, 2, 5, 10, 20]]
     p = policy(16, True)
-    assert [p.round_width(n) for n in (0, 1, 2, 4, 5, 16)] == [1, 1, 4, 4, 16, 16]
-    assert p.num_programs(True) == len(p.mixed_shapes()) + 3 * len(p.round_shapes()) + 1
+    assert [p.round_width(n) for n in (0, 1, 2, 4, 5, 9, 16)] == [1, 1, 2, 4, 8, 16, 16]
+    assert p.num_programs(True) == len(p.mixed_shapes()) + 5 * len(p.round_shapes()) + 1
     assert policy(16, False).round_widths == [16]
