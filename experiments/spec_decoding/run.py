@@ -139,12 +139,13 @@ def run(cfg, out):
                   "chat_free": " at most (chat template over open questions: experiments/spec_decoding/prompt_sets.py)"
                   }.get(cfg.prompt_set, " (repetitive: each a half-length window written twice)"
                         if cfg.repetitive_prompts else "")
+    ending = " (EOS ignored)" if cfg.ignore_eos else ", fewer where a row ends at EOS"
+    factor = "" if cfg.suffix_spec_factor == 1 else \
+        f"; suffix drafts reach at most {cfg.suffix_spec_factor:g}x the matched context's length"
     out.text(f"Target {cfg.target} ({tcfg.dtype}){widened}; draft {cfg.draft}{restricted}; Medusa heads "
              f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
              f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
-             f"{cfg.engine_max_tokens}){' (EOS ignored)' if cfg.ignore_eos else ', fewer where a row ends at EOS'}"
-             f"{'' if cfg.suffix_spec_factor == 1 else f'; suffix drafts up to {cfg.suffix_spec_factor:g}x the matched length'}"
-             ", fastest of {cfg.repeats} timed calls, each point's calls alternating "
+             f"{cfg.engine_max_tokens}){ending}{factor}, fastest of {cfg.repeats} timed calls, each point's calls alternating "
              "with as many of its own baseline (so drift in the machine's speed hits both alike). A point covers "
              f"at least {cfg.min_prompts} prompts: batches smaller than that run ceil({cfg.min_prompts} / batch) "
              "prompt sets, each timed on its own, and a side's time is the sum of each set's fastest call.\n\n"
