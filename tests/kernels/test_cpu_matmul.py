@@ -79,6 +79,19 @@ def test_bf16_matmul_threads_agree(threads):
 
 
 @needs_kernels
+@pytest.mark.parametrize("transpose_w", [False, True])
+@pytest.mark.parametrize("k", [576, 1537])
+def test_bf16_matmul_rows_do_not_depend_on_m(transpose_w, k):
+    """Each y[m, n] sums over k in one order whatever M (speculative verify compares M = 1 with M up to 16)."""
+    rng = np.random.default_rng(k)
+    x = jnp.asarray(rng.standard_normal((16, k)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((1000, k) if transpose_w else (k, 1000)), jnp.bfloat16)
+    full = np.asarray(cpu.bf16_matmul(x, w, transpose_w=transpose_w, threads=2))
+    for rows in (slice(0, 1), slice(3, 5), slice(5, 12)):
+        np.testing.assert_array_equal(cpu.bf16_matmul(x[rows], w, transpose_w=transpose_w, threads=2), full[rows])
+
+
+@needs_kernels
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (2, 64, 37), (5, 1536, 200), (16, 96, 17), (3, 32, 64)])
 @pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])

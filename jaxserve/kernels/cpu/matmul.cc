@@ -161,63 +161,101 @@ inline __mmask32 tail_mask32(int64_t left) {
   return left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << std::max<int64_t>(left, 0)) - 1);
 }
 
-constexpr int64_t kChunk = 64;  // columns per work chunk of the [K, N] kernels (a tile's width)
+// Software prefetches go to L2 (prefetcht1): on a 2-core AMD EPYC (Zen 4) VM prefetcht0 into L1 left one thread at
+// about half the bandwidth (the machine loaded: [K, N] 576x1536 streamed by rows 6.8 -> 9.8 GB/s, the [N, K] tied
+// head 5.0 -> 8.9 GB/s), perhaps for L1's few miss buffers; the loads that follow find the lines in L2.
+constexpr _mm_hint kPrefetchHint = _MM_HINT_T1;
 
-// [K, N] layout: rows 2p and 2p+1 interleaved (vpunpck{l,h}wd) into bf16 pairs; the accumulators of
-// one 32-column group hold columns {8L+r} (lo) and {8L+4+r} (hi), put back in order at the store.
-template <int MT>
-void kn_tile(const uint32_t* xp, int64_t Kp2, int64_t K, const uint16_t* w, int64_t N, float* y, int64_t n0) {
-  constexpr int NG = kChunk / 32;  // groups of 32 columns
-  __m512 acc[MT][2 * NG];
-  __mmask32 mask[NG];
-  for (int g = 0; g < NG; ++g) mask[g] = tail_mask32(N - n0 - 32 * g);
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < 2 * NG; ++j) acc[i][j] = _mm512_setzero_ps();
-  const uint16_t* wp = w + n0;
+// [K, N] layout, streamed by rows: a chunk of columns walks its row segments (the whole row when one chunk spans N),
+// kPassPairs row pairs per pass, the sums of every row of x kept in L1 (bf16_kn_chunk's sums). Tiles of 64 columns
+// walking all K rows (2 lines a row, rows 2 N bytes apart) streamed ~9.5 GB/s on one thread where this reaches
+// ~20 (same VM, M = 1 and 2). Rows 2p and 2p+1 are interleaved (vpunpck{l,h}wd) into bf16 pairs; a 32-column group's
+// sums lo and hi hold columns {8L+r} and {8L+4+r}, put back in order at the store. Each y[m, n] sums its row pairs
+// in order, one vdpbf16ps a pair, whatever M, the chunking or the threads.
+constexpr int kPassPairs = 4;        // row pairs of w per pass over a chunk
+constexpr int64_t kKnAhead = 32;     // rows prefetched ahead
+constexpr int64_t kSumFloats = 6144;  // the sums of a chunk (24 KB): width x rows of x, each row padded (kSumPad)
+constexpr int64_t kSumPad = 16;      // floats after each row of sums: rows 4 KB apart would share L1 sets
+
+// Row pairs [p, p + R) (pr of them complete: the last row of an odd K pairs with zeros) of the columns
+// [n0, n0 + width) into sums[m * row + c] for the rows m < MX of x.
+template <int R>
+void bf16_kn_pass(const uint32_t* xp, int64_t Kp2, int64_t MX, const uint16_t* w, int64_t N, int64_t p, int pr,
+                  int64_t n0, int64_t width, float* sums, int64_t row) {
+  const uint16_t* wp = w + 2 * p * N + n0;
+  for (int64_t c = 0; c < width; c += 32) {
+    const __mmask32 mask = tail_mask32(width - c);
+    __m512bh lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      // One line of each row kKnAhead rows on (prefetching past the end of the buffer is harmless: prefetches never
+      // fault).
+      _mm_prefetch(reinterpret_cast<const char*>(wp + (2 * r + kKnAhead) * N + c), kPrefetchHint);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + (2 * r + 1 + kKnAhead) * N + c), kPrefetchHint);
+      const __m512i a = _mm512_maskz_loadu_epi16(mask, wp + 2 * r * N + c);
+      const __m512i b = r < pr ? _mm512_maskz_loadu_epi16(mask, wp + (2 * r + 1) * N + c) : _mm512_setzero_si512();
+      lo[r] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      hi[r] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    }
+    for (int64_t m = 0; m < MX; ++m) {
+      float* s = sums + m * row + c;
+      __m512 l = _mm512_load_ps(s), h = _mm512_load_ps(s + 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[m * Kp2 + p + r]));
+        l = _mm512_dpbf16_ps(l, lo[r], xb);
+        h = _mm512_dpbf16_ps(h, hi[r], xb);
+      }
+      _mm512_store_ps(s, l);
+      _mm512_store_ps(s + 16, h);
+    }
+  }
+}
+
+// y[m, n0 .. n0 + width) for the rows m < MX of x (MX x row floats of sums fit in kSumFloats).
+void bf16_kn_chunk(const uint32_t* xp, int64_t Kp2, int64_t MX, int64_t K, const uint16_t* w, int64_t N, float* y,
+                   int64_t n0, int64_t width) {
+  alignas(64) float sums[kSumFloats];
+  const int64_t row = (width + 31) / 32 * 32 + kSumPad;
+  std::fill_n(sums, MX * row, 0.f);
   const int64_t pairs = K / 2;
-  for (int64_t p = 0; p < pairs; ++p, wp += 2 * N) {
-    __m512bh lo[NG], hi[NG];
-    for (int g = 0; g < NG; ++g) {
-      const __m512i a = _mm512_maskz_loadu_epi16(mask[g], wp + 32 * g);
-      const __m512i b = _mm512_maskz_loadu_epi16(mask[g], wp + N + 32 * g);
-      // Rows 16 ahead (prefetching past the end of the buffer is harmless: prefetches never fault).
-      _mm_prefetch(reinterpret_cast<const char*>(wp + 16 * N + 32 * g), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wp + 17 * N + 32 * g), _MM_HINT_T0);
-      lo[g] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-      hi[g] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[i * Kp2 + p]));
-      for (int g = 0; g < NG; ++g) {
-        acc[i][2 * g] = _mm512_dpbf16_ps(acc[i][2 * g], lo[g], xb);
-        acc[i][2 * g + 1] = _mm512_dpbf16_ps(acc[i][2 * g + 1], hi[g], xb);
-      }
-    }
-  }
-  if (K % 2) {  // the last row pairs with zeros (x's pad is zero too)
-    for (int g = 0; g < NG; ++g) {
-      const __m512i a = _mm512_maskz_loadu_epi16(mask[g], wp + 32 * g), z = _mm512_setzero_si512();
-      const __m512bh l = (__m512bh)_mm512_unpacklo_epi16(a, z), h = (__m512bh)_mm512_unpackhi_epi16(a, z);
-      for (int i = 0; i < MT; ++i) {
-        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[i * Kp2 + pairs]));
-        acc[i][2 * g] = _mm512_dpbf16_ps(acc[i][2 * g], l, xb);
-        acc[i][2 * g + 1] = _mm512_dpbf16_ps(acc[i][2 * g + 1], h, xb);
-      }
-    }
-  }
+  int64_t p = 0;
+  for (; p + kPassPairs <= pairs; p += kPassPairs)
+    bf16_kn_pass<kPassPairs>(xp, Kp2, MX, w, N, p, kPassPairs, n0, width, sums, row);
+  for (; p < pairs; ++p) bf16_kn_pass<1>(xp, Kp2, MX, w, N, p, 1, n0, width, sums, row);
+  if (K % 2) bf16_kn_pass<1>(xp, Kp2, MX, w, N, pairs, 0, n0, width, sums, row);  // x's pad is zero too
   const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int i = 0; i < MT; ++i)
-    for (int g = 0; g < NG; ++g) {
-      float* out = y + i * N + n0 + 32 * g;
-      _mm512_mask_storeu_ps(out, __mmask16(mask[g]), _mm512_permutex2var_ps(acc[i][2 * g], first, acc[i][2 * g + 1]));
-      _mm512_mask_storeu_ps(out + 16, __mmask16(mask[g] >> 16),
-                            _mm512_permutex2var_ps(acc[i][2 * g], second, acc[i][2 * g + 1]));
+  for (int64_t m = 0; m < MX; ++m)
+    for (int64_t c = 0; c < width; c += 32) {
+      const __mmask32 mask = tail_mask32(width - c);
+      const __m512 l = _mm512_load_ps(sums + m * row + c), h = _mm512_load_ps(sums + m * row + c + 16);
+      float* out = y + m * N + n0 + c;
+      _mm512_mask_storeu_ps(out, __mmask16(mask), _mm512_permutex2var_ps(l, first, h));
+      _mm512_mask_storeu_ps(out + 16, __mmask16(mask >> 16), _mm512_permutex2var_ps(l, second, h));
     }
+}
+
+void bf16_matmul_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N,
+                    float* yp, int64_t threads) {
+  if (M == 0 || N == 0) return;
+  int64_t Kp;
+  const std::vector<uint32_t> xb = x_bf16_pairs(x, M, K, &Kp);
+  // Rows of x per sweep, and chunks of equal width (a multiple of 32 whose sums fit), their count a multiple of the
+  // threads: one chunk a thread when they fit, so each streams whole row segments.
+  const int64_t mx = std::min<int64_t>(M, 16), t = std::max<int64_t>(threads, 1);
+  const int64_t span = (kSumFloats / mx - kSumPad) / 32 * 32;
+  const int64_t chunks = ((N + span - 1) / span + t - 1) / t * t;
+  const int64_t width = std::max<int64_t>(32, ((N + chunks - 1) / chunks + 31) / 32 * 32);
+  parallel_chunks(pool, (N + width - 1) / width, threads, [&](int64_t c) {
+    for (int64_t m = 0; m < M; m += mx)
+      bf16_kn_chunk(xb.data() + m * Kp / 2, Kp / 2, std::min(mx, M - m), K, wp, N, yp + m * N, c * width,
+                    std::min(width, N - c * width));
+  });
 }
 
 // ---- float32 weights: x as it is, float32 FMAs (the products XLA's float32 dot sums) ----
 // [K, N] layout: each row of the tile's 64 columns (4 vectors, 4 lines) times x[m, k] broadcast.
+constexpr int64_t kChunk = 64;  // columns per work chunk of the float32 [K, N] kernel (a tile's width)
+
 template <int MT>
 void kn_tile(const float* x, int64_t Kp, int64_t K, const float* w, int64_t N, float* y, int64_t n0) {
   constexpr int NW = kChunk / 16;  // vectors of 16 columns
@@ -277,13 +315,17 @@ struct Weights<float> {  // float32: x as it is, FMAs
 template <class W>
 void matmul_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* wp, int64_t N, float* yp,
                int64_t threads) {
-  int64_t stride;
-  const auto xs = Weights<W>::x_operands(x, M, K, &stride);
-  parallel_chunks(pool, (N + kChunk - 1) / kChunk, threads, [&](int64_t c) {
-    rows_in_groups(M, [&](int64_t m, auto mt) {
-      kn_tile<decltype(mt)::value>(xs.data() + m * stride, stride, K, wp, N, yp + m * N, c * kChunk);
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    bf16_matmul_kn(pool, x, M, K, wp, N, yp, threads);
+  } else {
+    int64_t stride;
+    const auto xs = Weights<W>::x_operands(x, M, K, &stride);
+    parallel_chunks(pool, (N + kChunk - 1) / kChunk, threads, [&](int64_t c) {
+      rows_in_groups(M, [&](int64_t m, auto mt) {
+        kn_tile<decltype(mt)::value>(xs.data() + m * stride, stride, K, wp, N, yp + m * N, c * kChunk);
+      });
     });
-  });
+  }
 }
 
 // [N, K] layout (rows of a tied embedding): VT rows of e against MT rows of x, summed across lanes at the end.
@@ -298,7 +340,8 @@ void nk_tile(const X* xp, int64_t stride, int64_t K, const W* e, float* y, int64
     decltype(P::load(e, 0)) ev[VT];
     for (int j = 0; j < VT; ++j) ev[j] = P::load(e + (v0 + j) * K + k, K - k);
     // The rows 16 ahead: the hardware prefetcher alone left a single thread at ~8 GB/s, not ~20 (bf16).
-    for (int j = 0; j < VT; ++j) _mm_prefetch(reinterpret_cast<const char*>(e + (v0 + 16 + j) * K + k), _MM_HINT_T0);
+    for (int j = 0; j < VT; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(e + (v0 + 16 + j) * K + k), kPrefetchHint);
     for (int i = 0; i < MT; ++i) {
       const auto xv = P::x_at(xp + i * stride, k);
       for (int j = 0; j < VT; ++j) acc[i][j] = P::madd(acc[i][j], ev[j], xv);
