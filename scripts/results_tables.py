@@ -550,10 +550,18 @@ CLAIMS = (
           "--threads 2 --backends jaxserve,jaxserve@engine.quantization=nvfp4,jaxserve@engine.quantization=mxfp4,"
           "llama.cpp@F16,llama.cpp@Q4_0`: the packaged Q4_1 GGUF dequantized, cast to bf16, and quantized by each "
           "backend to its own 4-bit format (jaxserve NVFP4/MXFP4 weight-only with the bf16 tied head; llama.cpp Q4_0 "
-          "via gguf-py), 1 request 64 → 128 greedy tokens, rounds rotating the backends, right after the float32 run on "
-          "the same near-idle VM. jaxserve's bf16 and FP4 rows run the CPU FFI kernels (`jaxserve.kernels.cpu`). "
-          "Different 4-bit formats give different tokens (agreement 0). Goals (bf16 ≥ llama.cpp F16, 4-bit ≥ llama.cpp "
-          "Q4): not met; jaxserve's FP4 kernel is compute-bound and slower than its bf16 path."),
+          "via gguf-py), 1 request 64 → 128 greedy tokens, rounds rotating the backends, on the idle 2-core AVX-512 "
+          "(avx512_bf16) AMD EPYC VM, slower than the VM of this table's 2026-12-02 version (llama.cpp F16 112 tok/s there). "
+          "jaxserve's bf16 and FP4 rows run the CPU FFI kernels (`jaxserve.kernels.cpu`). The same command at 37b1d84, "
+          "before the bf16 [K, N] kernel streamed whole row segments with L2 prefetch (c96e614: ~2× per matmul at "
+          "1–16 rows, one thread 9–10 → 19.5–20.6 GB/s), gave jaxserve bf16 27.1 tok/s, NVFP4 28.7, MXFP4 33.2 beside "
+          "llama.cpp F16 75.4 and Q4_0 150.7 ([`smollm2_lowbit_37b1d84`](../results/peer_throughput/smollm2_lowbit_37b1d84)): "
+          "the kernel took bf16 from 0.36× to 0.54× llama.cpp F16. The FP4 rows keep the bf16 tied head, which the "
+          "change also sped up; NVFP4/MXFP4 are now about as fast as bf16 (their kernels still prefetch into L1). "
+          "Different 4-bit formats give different tokens (agreement 0). Goals (bf16 ≥ llama.cpp F16, 4-bit ≥ "
+          "llama.cpp Q4): not met. Even at full bandwidth the kernels need 12–13 ms a step for 268 MB; a jax.profiler "
+          "trace of the step (before the change: 30 ms, 25 ms of it in ~208 sequential kernel calls) puts ~5 ms in "
+          "other work. jaxserve's rounds ranged widely (30.7–42.6)."),
     Claim("SmolLM2-135M-Instruct decode speed: jaxserve beside transformers, float32 and bfloat16", SMOLLM2_RUNS,
           smollm2_speed,
           "`benchmarks/peers/compare.py --model smollm2-135m-instruct --backends jaxserve,hf --workloads batch1,batch64 "
