@@ -286,21 +286,21 @@ def check_speculative_expert_parallel(greedy):
     print("speculative ngram T=2 EP: greedy outputs equal", flush=True)
 
 
-def check_hf_directory(want):
-    """The tiny Llama written as a Hugging Face directory (config.json + safetensors) and loaded by path at T=4
-    (KV heads repeated) gives the in-memory params' greedy outputs (``want``). jaxserve exports dense models only
-    (``hf_export``: llama, qwen2, qwen3), so the MoE families are not loaded this way here."""
+def check_hf_directory(name: str, want, t: int, ep: bool = False, d: int = 1):
+    """Tiny ``name`` written as a Hugging Face directory (hf_export: config.json + safetensors, an MoE model's
+    experts one tensor each) and loaded by path at (t, ep, d) gives the in-memory params' greedy outputs (``want``);
+    its config is the in-memory one, so the engine runs the grid's compiled programs."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_hf(pathlib.Path(tmp) / "llama", MODELS["llama"], jax.device_get(params_of("llama")))
-        llm = LLM(str(path), tensor_parallel_size=4, **ENGINE)
-        assert llm.engine.config == MODELS["llama"], llm.engine.config
+        path = save_hf(pathlib.Path(tmp) / name, MODELS[name], jax.device_get(params_of(name)))
+        llm = LLM(str(path), tensor_parallel_size=t, enable_expert_parallel=ep, data_parallel_size=d, **ENGINE)
+        assert llm.engine.config == MODELS[name], llm.engine.config
         assert tokens(llm, GREEDY) == want
-    print("llama from an HF directory T=4: greedy outputs equal", flush=True)
+    print(f"{name} from an HF directory T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
 
 
 def check_llama():
     llms, (greedy, _) = check_grid("llama")
-    check_hf_directory(greedy)
+    check_hf_directory("llama", greedy, t=4)  # KV heads repeated
     check_shardings(llms[4, False, 1])
     check_hlo(llms)
     check_preemption_and_prefix_cache()
@@ -320,6 +320,7 @@ def check_llama_weights_and_speculation():
 
 def check_qwen3_moe():
     llms, (greedy, _) = check_grid("qwen3_moe")
+    check_hf_directory("qwen3_moe", greedy, t=2, ep=True, d=2)
     check_expert_shardings(llms[2, True, 2])
     check_expert_hlo(llms)
     check_moe_tensor_parallel("qwen3_moe", llms)
@@ -328,7 +329,8 @@ def check_qwen3_moe():
 
 
 def check_mixtral():
-    llms, _ = check_grid("mixtral")
+    llms, (greedy, _) = check_grid("mixtral")
+    check_hf_directory("mixtral", greedy, t=1, ep=True, d=4)
     check_moe_tensor_parallel("mixtral", llms)
 
 

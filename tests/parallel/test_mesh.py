@@ -40,10 +40,12 @@ def run_check(*args, timeout=1200):  # generous: CI's 2 cores also run the other
 def test_mesh_layouts_on_8_devices(family):
     """Each family over (T, EP, D) in (1,off,1) (2,off,1) (4,off,1) (2,on,1) (1,on,4) (2,on,2) (EP for the MoE
     models) equals one device, greedy and seeded; shardings and the decode step's HLO collectives per layout.
-    Llama: loaded by path from a Hugging Face directory (hf_export) at T=4; preemption, prefix caching and forked
-    samples under TP (engines of the grid's configuration: its compiled programs), Pallas attention per shard; in a
-    process of its own (llama_weights_spec), the reference attention per shard, NVFP4 (the Pallas matmul per shard,
-    the float model's collectives), FP8 and MXFP4 weights, and every speculative method at T=2.
+    Each family also loaded by path from a Hugging Face directory (hf_export) at one layout: Llama at T=4, Qwen3-MoE
+    at T=2, EP, D=2, Mixtral at EP, D=4.
+    Llama: preemption, prefix caching and forked samples under TP (engines of the grid's configuration: its compiled
+    programs), Pallas attention per shard; in a process of its own (llama_weights_spec), the reference attention per
+    shard, NVFP4 (the Pallas matmul per shard, the float model's collectives), FP8 and MXFP4 weights, and every
+    speculative method at T=2.
     The MoE models: experts split on I at T=2 and T=4; in a process of their own (moe_quantized), NVFP4 attention
     beside them at T=2 and EP. Qwen3-MoE: moe_dispatch="auto" lowers to the padded all_to_all on CPU, "ragged" to
     ragged_all_to_all, and serves the same tokens with ragged_all_to_all emulated (tests/parallel/ragged_a2a.py);

@@ -12,7 +12,8 @@ MODELS = {  # tiny random models of the three families (HF's config names; HF pa
     "llama": ModelConfig(model_type="llama", **BASE),
     "qwen3_moe": ModelConfig(model_type="qwen3_moe", qk_norm=True, num_experts=8, num_experts_per_tok=2,
                              moe_intermediate_size=16, router="qwen3_moe", **BASE),
-    "mixtral": ModelConfig(model_type="mixtral", num_experts=8, num_experts_per_tok=2, router="mixtral", **BASE),
+    "mixtral": ModelConfig(model_type="mixtral", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                           router="mixtral", **BASE),  # experts intermediate_size wide, spelled out as load_hf does
     "llama_d16": ModelConfig(model_type="llama", **{**BASE, "head_dim": 16}),  # o_proj K=64: MXFP4 blocks at T=2
 }
 ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=32, attention_impl="xla")
