@@ -4,7 +4,9 @@ Axis names: T packed tokens, H query heads, K kv heads, D head dim, B sequences.
 
 - ``reference``: the gather-everything oracle the kernels are tested against;
 - ``xla``: plain XLA that loops over the live pages only (``pallas_kernels.paged_attention.online``),
-  reading K with tokens innermost (``[P, K, D, S]``): the default off GPU;
+  reading K with tokens innermost (``[P, K, D, S]``): the default off GPU. On CPU, float32 pools go to the C++
+  kernel of the same contract (``jaxserve.kernels.cpu.attention``) where ``attention.usable`` holds (one device,
+  the library loaded, ``JAXSERVE_CPU_ATTENTION`` not 0/off/false/no); the choice is made when the step is traced;
 - ``pallas``: the portable Pallas kernels (Triton on GPU, interpret mode on CPU);
 - ``mosaic``: the Mosaic GPU (Hopper) decode kernel; prefill and mixed steps run the portable Pallas
   multi-query kernel (Mosaic has none yet);
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVLayer, KVPool, init_kv_pool
+from jaxserve.kernels.cpu import attention as cpu_attention
 from pallas_kernels import paged_attention as pa
 
 IMPLS = ("auto", "pallas", "mosaic", "xla", "reference")
@@ -87,12 +90,18 @@ class XlaAttention(AttentionBackend):
         return jnp.dtype(jnp.float32) if jax.default_backend() == "cpu" and dtype.itemsize < 4 else dtype
 
     def decode(self, q, k_pages, v_pages, tables, lens, **kw):
+        if cpu_attention.usable(k_pages, v_pages):
+            return cpu_attention.paged_attention_cpu(q, k_pages, v_pages, tables, lens, **kw)
         return pa.paged_attention_online(q, k_pages, v_pages, tables, lens, **kw)
 
     def uniform(self, q, k_pages, v_pages, tables, lens, q_len: int, **kw):
+        if cpu_attention.usable(k_pages, v_pages):
+            return cpu_attention.uniform_paged_attention_cpu(q, k_pages, v_pages, tables, lens, q_len, **kw)
         return pa.uniform_paged_attention_online(q, k_pages, v_pages, tables, lens, q_len, **kw)
 
     def ragged(self, q, k_pages, v_pages, tables, lens, cu_q_lens, *, max_chunks=None, **kw):
+        if cpu_attention.usable(k_pages, v_pages):
+            return cpu_attention.ragged_paged_attention_cpu(q, k_pages, v_pages, tables, lens, cu_q_lens, **kw)
         return pa.ragged_paged_attention_online(q, k_pages, v_pages, tables, lens, cu_q_lens,
                                                 max_chunks=max_chunks, **kw)
 

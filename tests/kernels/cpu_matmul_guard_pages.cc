@@ -9,27 +9,14 @@
 // threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
 #include "matmul.cc"
 
-#include <sys/mman.h>
+#include "guard_pages.h"
 
 #include <cstdio>
 #include <random>
 
 namespace {
 
-bool g_front = false;
-
-// n elements of T flush against a guard page (after them, or before them with g_front).
-template <class T>
-T* guarded(int64_t n) {
-  const size_t page = 4096, bytes = size_t(n) * sizeof(T), span = (bytes + page - 1) / page * page;
-  char* base = static_cast<char*>(mmap(nullptr, span + 2 * page, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) || mprotect(base + page + span, page, PROT_NONE)) {
-    std::perror("mmap");
-    std::exit(2);
-  }
-  return reinterpret_cast<T*>(g_front ? base + page : base + page + span - bytes);
-}
+using guard_pages::guarded;
 
 float from_bf16(uint16_t h) {
   const uint32_t u = uint32_t(h) << 16;
@@ -55,7 +42,7 @@ void check(float got, double want, double magnitude) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_front = argc > 1 && std::string(argv[1]) == "front";
+  guard_pages::g_front = argc > 1 && std::string(argv[1]) == "front";
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   alignas(64) unsigned char no_pool[sizeof(ffi::ThreadPool)] = {};

@@ -1,4 +1,5 @@
-"""Models served with the CPU FFI matmuls give what they give with XLA's dot (``JAXSERVE_CPU_KERNELS=0``).
+"""Models served with the CPU FFI matmuls give what they give with XLA's dot (``JAXSERVE_CPU_KERNELS=0``), and with
+the CPU attention kernel what they give with the XLA loop (``JAXSERVE_CPU_ATTENTION=0``).
 
 The kernel is chosen when a step is traced, so each comparison clears JAX's caches between the two runs.
 """
@@ -9,7 +10,7 @@ import pytest
 
 import jaxserve.kernels.cpu as cpu_pkg
 from jaxserve import LLM, SamplingParams
-from jaxserve.kernels.cpu import build, matmul as cpu
+from jaxserve.kernels.cpu import attention as cpu_attention, build, matmul as cpu
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.loading import resolve_model
 
@@ -17,19 +18,19 @@ pytestmark = pytest.mark.skipif(build.unavailable_reason() is not None or build.
                                 reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
 
 
-def _run_both(monkeypatch, run, patch_module, name):
-    """run() with the kernel on (counting traced calls of ``patch_module.name``), then off."""
+def _run_both(monkeypatch, run, patch_module, name, switch=cpu.ENV_SWITCH):
+    """run() with the kernel on (counting traced calls of ``patch_module.name``), then off (``switch`` = 0)."""
     calls = []
     kernel = getattr(patch_module, name)
     monkeypatch.setattr(patch_module, name, lambda *a, **k: calls.append(1) or kernel(*a, **k))
     jax.clear_caches()
     on = run()
     assert calls, f"{name} was never traced with the kernels on"
-    monkeypatch.setenv(cpu.ENV_SWITCH, "0")
+    monkeypatch.setenv(switch, "0")
     jax.clear_caches()
     n = len(calls)
     off = run()
-    assert len(calls) == n, f"{name} was traced with JAXSERVE_CPU_KERNELS=0"
+    assert len(calls) == n, f"{name} was traced with {switch}=0"
     jax.clear_caches()
     return on, off
 
@@ -104,3 +105,32 @@ def test_fp4_engine_greedy_tokens_equal_with_and_without_kernel(fmt, monkeypatch
     (on_tokens, on_lp), (off_tokens, off_lp) = _run_both(monkeypatch, run, cpu_pkg, "fp4_matmul_cpu")
     assert on_tokens == off_tokens
     np.testing.assert_allclose(on_lp, off_lp, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+def test_engine_greedy_tokens_equal_with_and_without_attention_kernel(dtype, monkeypatch):
+    """The engine's prefill (ragged, several pages, a prompt across a block boundary) and decode steps through the
+    CPU attention kernel give XLA's loop's greedy tokens, and log-probs equal up to float32 summation order."""
+    config = get_preset("tiny-llama").replace(max_position_embeddings=128, dtype=dtype)
+    params = init_params(config, jax.random.key(12))
+    llm = LLM.from_params(config, params, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=48)
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (3, 17, 30)]
+
+    def run():
+        outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=True,
+                                                     top_logprobs=3),
+                            use_tqdm=False)
+        return [o.outputs[0] for o in outs]
+    prefills = []
+    ragged = cpu_attention.ragged_paged_attention_cpu
+    monkeypatch.setattr(cpu_attention, "ragged_paged_attention_cpu",
+                        lambda *a, **k: prefills.append(1) or ragged(*a, **k))
+    on, off = _run_both(monkeypatch, run, cpu_attention, "paged_attention_cpu", switch=cpu_attention.ENV_SWITCH)
+    assert prefills, "the prefill never went to the kernel"
+    if dtype == "float32":
+        assert [o.token_ids for o in on] == [o.token_ids for o in off]
+        np.testing.assert_allclose(np.concatenate([o.logprobs for o in on]),
+                                   np.concatenate([o.logprobs for o in off]), atol=1e-4)
+    else:
+        _assert_greedy_agrees(on, off)

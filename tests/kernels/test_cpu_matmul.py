@@ -150,7 +150,7 @@ def test_kernels_stay_inside_their_buffers(tmp_path):
     any read or write outside a buffer faults; the results are checked too (cpu_matmul_guard_pages.cc)."""
     exe = tmp_path / "guard_pages"
     cmd = [build.compiler(), "-O2", "-march=native", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
-           f"-I{build.SOURCE.parent}", str(Path(__file__).with_name("cpu_matmul_guard_pages.cc")), "-o", str(exe)]
+           f"-I{build.SOURCE_DIR}", str(Path(__file__).with_name("cpu_matmul_guard_pages.cc")), "-o", str(exe)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     for where in ("back", "front"):
         proc = subprocess.run([str(exe), where], capture_output=True, text=True, timeout=120)

@@ -23,6 +23,8 @@ from pallas_kernels.paged_attention import (
     uniform_paged_attention_reference,
 )
 
+from jaxserve.kernels.cpu import attention as cpu_attention, build
+
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 4, 2, 16, 8
 MAX_PAGES = 6  # wider than any sequence needs: padded entries in every row
 FAST_COMPILE = {"xla_backend_optimization_level": 0}  # as in conftest.py: these programs are compile-bound
@@ -67,16 +69,31 @@ def _tokens_minor(fn):
     return lambda q, k, v, *a, **kw: fn(q, tokens_minor(k), v, *a, **kw)
 
 
+needs_cpu_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
+                                       reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
+
+
+def _cpu(fn):
+    return _tokens_minor(functools.partial(fn, threads=2))
+
+
+def _impls(table):
+    """The keys of an implementation table, the CPU kernel's skipped where it cannot be built."""
+    return [pytest.param(k, marks=needs_cpu_kernels) if k.startswith("cpu") else k for k in table]
+
+
 DECODE = {
     "reference": paged_attention_reference,
     "xla": _tokens_minor(paged_attention_online),
     "xla-loop": _tokens_minor(functools.partial(paged_attention_online, pages_per_step=1)),
     "pallas": functools.partial(paged_attention, interpret=True, pages_per_compute_block=2, num_splits=2),
+    "cpu-kernel": _cpu(cpu_attention.paged_attention_cpu),
 }
 UNIFORM = {
     "reference": uniform_paged_attention_reference,
     "xla": _tokens_minor(uniform_paged_attention_online),
     "xla-loop": _tokens_minor(functools.partial(uniform_paged_attention_online, pages_per_step=2)),
+    "cpu-kernel": _cpu(cpu_attention.uniform_paged_attention_cpu),
 }
 RAGGED = {
     "reference": ragged_paged_attention_reference,
@@ -84,11 +101,12 @@ RAGGED = {
     "xla-chunks": _tokens_minor(functools.partial(ragged_paged_attention_online, max_chunks=2)),
     "xla-loop": _tokens_minor(functools.partial(ragged_paged_attention_online, pages_per_step=1, tile=4)),
     "pallas": functools.partial(ragged_paged_attention, interpret=True, tile_q=4, pages_per_compute_block=2),
+    "cpu-kernel": _cpu(cpu_attention.ragged_paged_attention_cpu),
 }
 
 
 @pytest.mark.parametrize("window", [None, 6])
-@pytest.mark.parametrize("impl", list(DECODE))
+@pytest.mark.parametrize("impl", _impls(DECODE))
 def test_decode(impl, window):
     lengths = [13, 1, 0, 30]  # a partial last page, a one-token sequence, an idle padding row
     q, k, v, tables, live = _case(lengths, len(lengths))
@@ -96,7 +114,7 @@ def test_decode(impl, window):
     _check_unpoisonable(fn, q, k, v, live, tables, jnp.asarray(lengths, jnp.int32))
 
 
-@pytest.mark.parametrize("impl", list(UNIFORM))
+@pytest.mark.parametrize("impl", _impls(UNIFORM))
 def test_uniform(impl):
     q_len, lengths = 3, [3, 11, 20]
     q, k, v, tables, live = _case(lengths, q_len * len(lengths))
@@ -104,7 +122,7 @@ def test_uniform(impl):
 
 
 @pytest.mark.parametrize("window", [None, 5])
-@pytest.mark.parametrize("impl", list(RAGGED))
+@pytest.mark.parametrize("impl", _impls(RAGGED))
 def test_ragged(impl, window):
     q_lens, lengths = [5, 1, 0, 9], [12, 7, 0, 9]  # a chunk on a prefix, a decode, idle, a fresh prompt
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
@@ -113,9 +131,13 @@ def test_ragged(impl, window):
     _check_unpoisonable(fn, q, k, v, live, tables, jnp.asarray(lengths, jnp.int32), jnp.asarray(cu))
 
 
-@pytest.mark.parametrize("impl", ["xla", "reference", "pallas"])
-def test_engine_with_a_nan_pool_gives_the_clean_greedy_tokens(impl):
-    """Every block of the pool starts as NaN: only what the engine writes may ever be read."""
+@pytest.mark.parametrize("impl", ["xla", "xla-no-cpu-kernel", "reference", "pallas"])
+def test_engine_with_a_nan_pool_gives_the_clean_greedy_tokens(impl, monkeypatch):
+    """Every block of the pool starts as NaN: only what the engine writes may ever be read. ("xla" reads through
+    the CPU attention kernel where it is usable; "xla-no-cpu-kernel" through the XLA loop.)"""
+    if impl == "xla-no-cpu-kernel":
+        monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+        impl = "xla"
     from jaxserve import LLM, SamplingParams
     from jaxserve.models import get_preset, init_params
 

@@ -1,4 +1,5 @@
-"""Weight-only CPU matmuls as XLA FFI custom calls (C++ in ``matmul.cc``, compiled on first use by ``build``)."""
+"""CPU kernels as XLA FFI custom calls, compiled on first use by ``build``: weight-only matmuls (``matmul.cc``) and
+paged attention (``attention.cc``, in ``jaxserve.kernels.cpu.attention``)."""
 from jaxserve.kernels.cpu.matmul import (MAX_ROWS, bf16_matmul, bf16_matmul_reference, blas_usable, enabled,
                                          f32_gemm, f32_matmul, fp4_matmul_cpu, usable)
 

@@ -1,14 +1,16 @@
-"""Compiling ``matmul.cc`` once per machine and registering its handlers as XLA FFI targets.
+"""Compiling the CPU kernels (``matmul.cc``, ``attention.cc`` and their shared ``parallel.h``) once per machine
+into one library, ``jaxserve_cpu_kernels.so``, and registering its handlers as XLA FFI targets.
 
 The shared library is built on first use with the system C++ compiler against the jaxlib headers
 (``jax.ffi.include_dir()``), ``-O3 -march=native``, into
 ``$JAXSERVE_CACHE_DIR`` (default ``~/.cache/jaxserve``) ``/cpu_kernels/<key>/``, the key hashing the
-source, the jaxlib version, the compiler, the flags and the CPU's feature flags, so that an upgrade,
+sources and the header, the jaxlib version, the compiler, the flags and the CPU's feature flags, so that an upgrade,
 an edit or another machine sharing the home directory gets its own build. A build is written to a
 temporary name and renamed into place: concurrent processes (pytest -n 2) never load half a file.
 
-The source holds two implementations of the kernels, chosen by the compiler's target: AVX-512 (F, BW
-and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``). Anything missing (not
+``matmul.cc`` holds two implementations of the matmuls, chosen by the compiler's target: AVX-512 (F, BW
+and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``); ``attention.cc`` is written once,
+with the compiler's vector extensions, for both. Anything missing (not
 Linux/x86 with AVX-512 F+BW or AVX2+FMA, no compiler, a failed build or load) makes ``load()`` return
 None after one logged warning; callers then keep XLA's dot.
 
@@ -35,9 +37,12 @@ import jax
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("matmul.cc")
+SOURCE_DIR = Path(__file__).parent
+SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc")
+HEADERS = (SOURCE_DIR / "parallel.h",)
+LIBRARY = "jaxserve_cpu_kernels.so"
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
-           "jaxserve_fp4_matmul_kn", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk")
+           "jaxserve_fp4_matmul_kn", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk", "jaxserve_paged_attention")
 # /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU
 # without avx512_bf16 builds the AVX2 kernels: every AVX-512 CPU has AVX2 and FMA too.)
 CPU_FLAG_SETS = {"AVX-512": ("avx512f", "avx512bw"), "AVX2+FMA": ("avx2", "fma")}
@@ -83,7 +88,9 @@ def _cache_root() -> Path:
 
 def _build_key(cxx: str) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     for part in (_jaxlib_version(), cxx, version, " ".join(FLAGS), " ".join(sorted(cpu_flags()))):
         h.update(b"\0" + str(part).encode())
     return h.hexdigest()[:20]
@@ -98,13 +105,13 @@ def build() -> Path:
     """The compiled library's path, compiling it first if this machine's cache lacks it."""
     cxx = compiler()
     out_dir = _cache_root() / _build_key(cxx)
-    lib = out_dir / "jaxserve_cpu_matmul.so"
+    lib = out_dir / LIBRARY
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", f"-I{SOURCE_DIR}", *map(str, SOURCES), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode:
@@ -128,7 +135,7 @@ def load() -> ctypes.CDLL | None:
             return lib
         except Exception as e:  # noqa: BLE001 - any failure means: keep XLA's dot
             reason = f"{type(e).__name__}: {e}"
-    log.warning("jaxserve CPU matmul kernels unavailable (%s); using XLA's dot", reason)
+    log.warning("jaxserve CPU kernels unavailable (%s); using XLA's dot and attention", reason)
     return None
 
 

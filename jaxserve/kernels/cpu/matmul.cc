@@ -17,9 +17,8 @@
 // dot; its bf16-x path and the AVX2 kernel sum each block's unscaled products, then multiply the
 // block sum by the scale (one more rounding per block; see the AVX2 FP4 section).
 //
-// Work is split into column chunks (rows of e for _nk) claimed from an atomic counter by the
-// calling thread and by helpers scheduled on XLA's intra-op thread pool. The caller only waits
-// for chunks a helper has claimed, so a helper that never runs cannot block it.
+// Work is split into column chunks (rows of e for _nk) run on XLA's intra-op thread pool by
+// parallel_chunks (parallel.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -27,52 +26,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <type_traits>
-#include <thread>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "parallel.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-struct Progress {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-};
-
-// Runs body(chunk) for chunk in [0, n) on the caller and up to threads - 1 pool helpers.
-template <class Body>
-void parallel_chunks(ffi::ThreadPool& pool, int64_t n, int64_t threads, const Body& body) {
-  if (threads <= 1 || n <= 1) {
-    for (int64_t c = 0; c < n; ++c) body(c);
-    return;
-  }
-  auto progress = std::make_shared<Progress>();
-  // Helpers hold the shared counters; they touch body only after claiming a chunk, which
-  // happens before the caller can return (it waits for every claimed chunk to finish).
-  const Body* b = &body;
-  for (int64_t t = 1; t < std::min(threads, n); ++t) {
-    pool.Schedule([progress, b, n]() {
-      for (int64_t c; (c = progress->next.fetch_add(1)) < n;) {
-        (*b)(c);
-        progress->done.fetch_add(1, std::memory_order_release);
-      }
-    });
-  }
-  for (int64_t c; (c = progress->next.fetch_add(1)) < n;) {
-    body(c);
-    progress->done.fetch_add(1, std::memory_order_release);
-  }
-  // A helper may have been descheduled mid-chunk (a busy machine): spin briefly, then give the core away.
-  for (int spins = 0; progress->done.load(std::memory_order_acquire) < n; ++spins) {
-    if (spins < 4096) _mm_pause();
-    else std::this_thread::yield();
-  }
-}
+using jaxserve::parallel_chunks;
 
 // Rows of x in groups of up to 4 over one chunk (the chunk's weights stay in L1/L2 between groups).
 template <int G = 4, class Tile>

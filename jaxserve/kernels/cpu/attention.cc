@@ -1,0 +1,344 @@
+// Paged attention over packed query tokens for the CPU, as one XLA FFI handler: online softmax, float32 sums.
+//
+//   jaxserve_paged_attention: o f32[T, H, D] from q f32[T, H, D], kt_pages f32[P, K, D, S] (tokens innermost),
+//       v_pages f32[P, S, K, D], block_tables i32[B, M], context_lens i32[B], cu_q_lens i32[B+1];
+//       attributes sm_scale, soft_cap (0: none), sliding_window (0: none), threads.
+//
+// Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] of q; its i-th row sits at position
+// context_lens[b] - q_len_b + i and sees the keys at positions <= its own, < context_lens[b] (and < M*S), and,
+// with a window, > position - sliding_window. A row that sees nothing, and a row no sequence owns, gets zeros.
+// Decode (cu_q_lens = 0, 1, .., B), uniform (every q_len equal: speculative verify) and ragged (mixed prefill
+// and decode) batches are the same call: the contracts of pallas_kernels/paged_attention/online.py.
+//
+// Work items are (sequence, kv head, up to kRowsPerItem rows): the G query heads of those rows share each K/V page
+// read. An item reads only the pages holding keys one of its rows sees, each page through its block-table id
+// clamped into [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
+// the context, or before the window) may hold anything, NaN included: their scores are selected away and their V
+// rows never touched. Items run on XLA's intra-op pool (parallel.h); each computes its outputs alone, in one
+// order, so the result does not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+#include "parallel.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// 16 float32 lanes: one AVX-512 register, or a pair of AVX2 ones (GCC/Clang vector extensions).
+constexpr int kLanes = 16;
+using vf = float __attribute__((vector_size(4 * kLanes)));
+using vi = int32_t __attribute__((vector_size(4 * kLanes)));
+constexpr int64_t kRowsPerItem = 8;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+vf splat(float x) { return vf{} + x; }
+
+// exp(x) to about 2 ulp for x in [-87, 88] (Cephes' expf polynomial); below -87 it returns ~2^-126, not 0, and
+// NaN may come out as anything: callers select masked lanes away.
+vf vexp(vf x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  x = x > splat(88.0f) ? splat(88.0f) : x;
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer, held in the low bits
+  const vf t = x * splat(1.44269504088896341f) + magic;
+  const vf n = t - magic;
+  const vf r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  vi bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;  // t's integer part n, as the exponent of 2^n
+  vf two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+struct Shape {
+  int64_t T, H, D, P, K, S, B, M, G;
+  float sm_scale, soft_cap;
+  int64_t window;
+};
+
+struct Item {
+  int64_t seq, head, row0, rows, pos0;  // rows row0 .. row0 + rows of q at positions pos0 .., kv head `head`
+};
+
+// Per-thread buffers of one item: scaled queries and accumulators [NQ, D], scores / probabilities [NQ, Sp].
+struct Scratch {
+  std::vector<float> q, acc, p, mx, sum;
+  std::vector<int64_t> lo, hi;
+};
+
+vf load(const float* p) {
+  vf x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+
+// Scores of kN query vectors (rows of q, D each) against one page's K, kt [D, kS] -> s [kN, sp]; kS a multiple of
+// the lanes, the accumulators in registers, each K row loaded once for the kN vectors.
+template <int kS, int kN>
+void scores_fixed(const float* q, int64_t D, const float* kt, float* s, int64_t sp) {
+  constexpr int C = kS / kLanes;
+  vf a[kN][C] = {};
+  for (int64_t d = 0; d < D; ++d)
+    for (int c = 0; c < C; ++c) {
+      const vf k = load(kt + d * kS + c * kLanes);
+      for (int n = 0; n < kN; ++n) a[n][c] += q[n * D + d] * k;
+    }
+  for (int n = 0; n < kN; ++n)
+    for (int c = 0; c < C; ++c) store(s + n * sp + c * kLanes, a[n][c]);
+}
+
+// Scores of nq query vectors against one page's K, kt [D, S] -> s [nq, sp] (sp >= S).
+template <int kS>
+void scores(const float* q, int64_t nq, int64_t D, const float* kt, int64_t S_rt, float* s, int64_t sp) {
+  if constexpr (kS > 0) {
+    int64_t i = 0;
+    for (; i + 4 <= nq; i += 4) scores_fixed<kS, 4>(q + i * D, D, kt, s + i * sp, sp);
+    switch (nq - i) {
+      case 3: scores_fixed<kS, 3>(q + i * D, D, kt, s + i * sp, sp); break;
+      case 2: scores_fixed<kS, 2>(q + i * D, D, kt, s + i * sp, sp); break;
+      case 1: scores_fixed<kS, 1>(q + i * D, D, kt, s + i * sp, sp); break;
+      default: break;
+    }
+    return;
+  }
+  const int64_t S = S_rt;
+  for (int64_t i = 0; i < nq; ++i) {
+    float* out = s + i * sp;
+    std::fill(out, out + S, 0.f);
+    for (int64_t d = 0; d < D; ++d) {
+      const float qd = q[i * D + d];
+      const float* k = kt + d * S;
+      for (int64_t j = 0; j < S; ++j) out[j] += qd * k[j];
+    }
+  }
+}
+
+// acc [kN, D] += p [kN, sp] (keys j0..j1) @ V rows (vp + j * stride, D each), each V row chunk loaded once.
+template <int kN>
+void pv_fixed(const float* p, int64_t sp, int64_t j0, int64_t j1, const float* vp, int64_t stride, float* acc,
+              int64_t D) {
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes) {
+    vf a[kN];
+    for (int n = 0; n < kN; ++n) a[n] = load(acc + n * D + d);
+    for (int64_t j = j0; j <= j1; ++j) {
+      const vf x = load(vp + j * stride + d);
+      for (int n = 0; n < kN; ++n) a[n] += p[n * sp + j] * x;
+    }
+    for (int n = 0; n < kN; ++n) store(acc + n * D + d, a[n]);
+  }
+  for (; d < D; ++d)
+    for (int64_t j = j0; j <= j1; ++j)
+      for (int n = 0; n < kN; ++n) acc[n * D + d] += p[n * sp + j] * vp[j * stride + d];
+}
+
+void pv(const float* p, int64_t nq, int64_t sp, int64_t j0, int64_t j1, const float* vp, int64_t stride,
+        float* acc, int64_t D) {
+  int64_t i = 0;
+  for (; i + 4 <= nq; i += 4) pv_fixed<4>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D);
+  switch (nq - i) {
+    case 3: pv_fixed<3>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
+    case 2: pv_fixed<2>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
+    case 1: pv_fixed<1>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
+    default: break;
+  }
+}
+
+// Folds one page's scores s [sp] (visible lanes a..b) into a query vector's running max / sum / accumulator;
+// leaves the probabilities in s (zero outside a..b).
+void softmax_update(float* s, int64_t sp, int64_t a, int64_t b, float soft_cap, float& mx, float& sum, float* acc,
+                    int64_t D) {
+  if (soft_cap > 0)
+    for (int64_t j = a; j <= b; ++j) s[j] = soft_cap * std::tanh(s[j] / soft_cap);
+  const vi iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int32_t a32 = int32_t(a), b32 = int32_t(b);
+  vf m = splat(kNegInf);
+  for (int64_t j0 = 0; j0 < sp; j0 += kLanes) {
+    const vi j = iota + int32_t(j0);
+    const vf x = load(s + j0);
+    m = (j >= a32) & (j <= b32) & (x > m) ? x : m;  // a select: a masked lane may hold NaN
+  }
+  float page_max = kNegInf;
+  for (int l = 0; l < kLanes; ++l) page_max = std::max(page_max, m[l]);
+  const float new_max = std::max(mx, page_max);
+  const float scale = std::exp(mx - new_max);  // 0 on the first visible page (mx = -inf)
+  vf total = {};
+  for (int64_t j0 = 0; j0 < sp; j0 += kLanes) {
+    const vi j = iota + int32_t(j0);
+    const vf e = vexp(load(s + j0) - new_max);
+    const vf p = (j >= a32) & (j <= b32) ? e : splat(0.f);
+    store(s + j0, p);
+    total += p;
+  }
+  float page_sum = 0;
+  for (int l = 0; l < kLanes; ++l) page_sum += total[l];
+  sum = sum * scale + page_sum;
+  mx = new_max;
+  if (scale != 1.f)
+    for (int64_t d = 0; d < D; ++d) acc[d] *= scale;
+}
+
+// Asks for a page's K block [D, S] and the V rows of one head (S rows of D, stride apart) ahead of use: the
+// pages lie anywhere in the pool, beyond what the hardware prefetcher guesses.
+void prefetch_page(const float* kp, int64_t k_floats, const float* vp, int64_t S, int64_t stride, int64_t D) {
+  for (int64_t f = 0; f < k_floats; f += 16) __builtin_prefetch(kp + f);
+  for (int64_t j = 0; j < S; ++j)
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(vp + j * stride + d);
+}
+
+template <int kS>
+void attend_item(const Shape& sh, const float* q, const float* kt, const float* v, const int32_t* tables,
+                 int64_t context_len, const Item& it, float* out, Scratch& w) {
+  const int64_t D = sh.D, G = sh.G, S = kS ? kS : sh.S, sp = (S + kLanes - 1) / kLanes * kLanes;
+  const int64_t nq = it.rows * G;
+  w.q.resize(nq * D);
+  w.acc.assign(nq * D, 0.f);
+  w.p.assign(nq * sp, 0.f);
+  w.mx.assign(nq, kNegInf);
+  w.sum.assign(nq, 0.f);
+  w.lo.resize(nq);
+  w.hi.resize(nq);
+  const int64_t last_key = std::min(context_len, sh.M * S) - 1;
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = -1;  // the keys some row sees
+  for (int64_t r = 0; r < it.rows; ++r) {
+    const int64_t pos = it.pos0 + r;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t i = r * G + g;
+      const float* src = q + ((it.row0 + r) * sh.H + it.head * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) w.q[i * D + d] = src[d] * sh.sm_scale;
+      w.lo[i] = sh.window > 0 ? std::max<int64_t>(0, pos - sh.window + 1) : 0;
+      w.hi[i] = std::min(pos, last_key);
+    }
+    if (w.lo[r * G] <= w.hi[r * G]) {  // a row seeing nothing (position < 0) widens nothing
+      lo = std::min(lo, w.lo[r * G]);
+      hi = std::max(hi, w.hi[r * G]);
+    }
+  }
+  for (int64_t page = lo / S; hi >= lo && page <= hi / S; ++page) {
+    const int64_t id = std::clamp<int64_t>(tables[page], 0, sh.P - 1), first = page * S;
+    const float* kp = kt + (id * sh.K + it.head) * D * S;
+    const float* vp = v + (id * S * sh.K + it.head) * D;
+    if (page < hi / S) {
+      const int64_t next = std::clamp<int64_t>(tables[page + 1], 0, sh.P - 1);
+      prefetch_page(kt + (next * sh.K + it.head) * D * S, D * S, v + (next * S * sh.K + it.head) * D, S, sh.K * D, D);
+    }
+    scores<kS>(w.q.data(), nq, D, kp, S, w.p.data(), sp);
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t a = std::max(w.lo[i] - first, int64_t(0)), b = std::min(w.hi[i] - first, S - 1);
+      float* s = w.p.data() + i * sp;
+      if (a > b) std::fill(s, s + sp, 0.f);
+      else softmax_update(s, sp, a, b, sh.soft_cap, w.mx[i], w.sum[i], w.acc.data() + i * D, D);
+    }
+    // V rows of keys some row sees (all below the context length: written, finite).
+    pv(w.p.data(), nq, sp, std::max(lo - first, int64_t(0)), std::min(hi - first, S - 1), vp, sh.K * D,
+       w.acc.data(), D);
+  }
+  for (int64_t r = 0; r < it.rows; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t i = r * G + g;
+      const float denom = std::max(w.sum[i], 1e-30f);
+      float* dst = out + ((it.row0 + r) * sh.H + it.head * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = w.acc[i * D + d] / denom;
+    }
+}
+
+// The work items of a batch; zeroes the output rows no sequence owns. A malformed cu_q_lens (decreasing, or
+// past T) is clamped so that sequences own disjoint rows inside [0, T).
+std::vector<Item> plan(const Shape& sh, const int32_t* context_lens, const int32_t* cu, float* out) {
+  std::vector<Item> items;
+  int64_t covered = 0;
+  for (int64_t b = 0; b < sh.B; ++b) {
+    const int64_t row0 = std::clamp<int64_t>(cu[b], covered, sh.T), row1 = std::clamp<int64_t>(cu[b + 1], row0, sh.T);
+    std::fill(out + covered * sh.H * sh.D, out + row0 * sh.H * sh.D, 0.f);
+    const int64_t pos0 = int64_t(context_lens[b]) - (int64_t(cu[b + 1]) - cu[b]) + (row0 - cu[b]);
+    for (int64_t r = row0; r < row1; r += kRowsPerItem)
+      for (int64_t k = 0; k < sh.K; ++k)
+        items.push_back({b, k, r, std::min(kRowsPerItem, row1 - r), pos0 + (r - row0)});
+    covered = row1;
+  }
+  std::fill(out + covered * sh.H * sh.D, out + sh.T * sh.H * sh.D, 0.f);
+  return items;
+}
+
+template <int kS>
+void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const float* kt, const float* v,
+            const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, float* out,
+            int64_t threads) {
+  jaxserve::parallel_chunks(pool, int64_t(items.size()), threads, [&](int64_t c) {
+    thread_local Scratch scratch;
+    const Item& it = items[c];
+    attend_item<kS>(sh, q, kt, v, tables + it.seq * sh.M, context_lens[it.seq], it, out, scratch);
+  });
+}
+
+// The whole call, shapes checked: o [T, H, D] (see the top of this file).
+void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const float* q, const float* kt, const float* v,
+                     const int32_t* tables, const int32_t* context_lens, const int32_t* cu_q_lens, float* o,
+                     int64_t threads) {
+  if (sh.P == 0 || sh.M == 0 || sh.S == 0) {  // no keys anywhere
+    std::fill(o, o + sh.T * sh.H * sh.D, 0.f);
+    return;
+  }
+  const std::vector<Item> items = plan(sh, context_lens, cu_q_lens, o);
+  auto run = [&](auto attend_s) { attend_s(pool, sh, q, kt, v, tables, context_lens, items, o, threads); };
+  switch (sh.S) {
+    case 16: run(attend<16>); break;
+    case 32: run(attend<32>); break;
+    default: run(attend<0>); break;
+  }
+}
+
+ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi::Buffer<ffi::F32, 4> kt_pages,
+                          ffi::Buffer<ffi::F32, 4> v_pages, ffi::Buffer<ffi::S32, 2> block_tables,
+                          ffi::Buffer<ffi::S32, 1> context_lens, ffi::Buffer<ffi::S32, 1> cu_q_lens,
+                          ffi::ResultBuffer<ffi::F32, 3> out, float sm_scale, float soft_cap, int64_t sliding_window,
+                          int64_t threads) {
+  const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
+  Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
+           sm_scale, soft_cap, sliding_window};
+  if (sh.K <= 0 || sh.H % sh.K || kd[2] != sh.D || vd[0] != sh.P || vd[1] != sh.S || vd[2] != sh.K ||
+      vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1)
+    return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
+  sh.G = sh.H / sh.K;
+  paged_attention(pool, sh, q.typed_data(), kt_pages.typed_data(), v_pages.typed_data(), block_tables.typed_data(),
+                  context_lens.typed_data(), cu_q_lens.typed_data(), out->typed_data(), threads);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// Aliases: the handler macro cannot take template arguments with commas.
+using F32Tokens = ffi::Buffer<ffi::F32, 3>;
+using F32Pages = ffi::Buffer<ffi::F32, 4>;
+using S32Matrix = ffi::Buffer<ffi::S32, 2>;
+using S32Vector = ffi::Buffer<ffi::S32, 1>;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_paged_attention, PagedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Tokens>()
+                                  .Arg<F32Pages>()
+                                  .Arg<F32Pages>()
+                                  .Arg<S32Matrix>()
+                                  .Arg<S32Vector>()
+                                  .Arg<S32Vector>()
+                                  .Ret<F32Tokens>()
+                                  .Attr<float>("sm_scale")
+                                  .Attr<float>("soft_cap")
+                                  .Attr<int64_t>("sliding_window")
+                                  .Attr<int64_t>("threads"));

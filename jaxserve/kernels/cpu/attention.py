@@ -1,0 +1,101 @@
+"""Paged attention on CPU as one XLA FFI custom call (``attention.cc``), with the contracts of
+``pallas_kernels.paged_attention.online``.
+
+Axis names: B sequences, T packed query tokens, H query heads, K kv heads, D head dim, P pages in the pool,
+S page size, M pages per block table. The pools are float32 in the layout the online path reads: K with tokens
+innermost, ``kt_pages f32[P, K, D, S]``, and ``v_pages f32[P, S, K, D]``.
+
+- ``paged_attention_cpu``: decode, one query token per sequence (``paged_attention_online``);
+- ``uniform_paged_attention_cpu``: ``q_len`` tokens per sequence (``uniform_paged_attention_online``);
+- ``ragged_paged_attention_cpu``: packed tokens, ``cu_q_lens`` (``ragged_paged_attention_online``).
+
+All three are the same kernel over packed tokens: the i-th new token of sequence b sits at position
+``context_lens[b] - q_len_b + i`` and sees the keys at positions <= its own (and, with ``sliding_window``, within
+it) of that sequence; online softmax in float32, only the pages holding visible keys read. Queries of any float
+dtype are converted to float32 and the output converted back.
+
+``usable(k_pages, v_pages)`` says whether to route the engine's attention here at trace time: the matmul kernels'
+conditions (``matmul.usable()``: CPU backend, one device, the library loaded, ``JAXSERVE_CPU_KERNELS`` on), float32
+pools, and ``JAXSERVE_CPU_ATTENTION`` not 0/off/false/no. A jitted function keeps the path it was traced with.
+``JAXSERVE_CPU_KERNEL_THREADS`` caps the threads a call uses, as for the matmuls; the result does not depend on it.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxserve.kernels.cpu import build, matmul
+
+ENV_SWITCH = "JAXSERVE_CPU_ATTENTION"
+TARGET = "jaxserve_paged_attention"
+
+
+def usable(k_pages: jax.Array, v_pages: jax.Array) -> bool:
+    """Whether attention over these pools should go to the kernel now (see the module docstring)."""
+    return (k_pages.dtype == jnp.float32 and v_pages.dtype == jnp.float32 and matmul.enabled(ENV_SWITCH)
+            and matmul.usable())
+
+
+def paged_attention_cpu(q, kt_pages, v_pages, block_tables, lengths, *, sm_scale=None, soft_cap=None,
+                        sliding_window=None, threads=None):
+    """Decode: q [B, H, D]; lengths i32[B] counts the cached tokens, the query's own included -> [B, H, D]."""
+    b = block_tables.shape[0]
+    return _attend(q, kt_pages, v_pages, block_tables, lengths, jnp.arange(b + 1, dtype=jnp.int32), sm_scale,
+                   soft_cap, sliding_window, threads)
+
+
+def uniform_paged_attention_cpu(q, kt_pages, v_pages, block_tables, context_lens, q_len, *, sm_scale=None,
+                                soft_cap=None, sliding_window=None, threads=None):
+    """``q_len`` new tokens per sequence: q [B*q_len, H, D], rows grouped by sequence -> [B*q_len, H, D]."""
+    b = block_tables.shape[0]
+    return _attend(q, kt_pages, v_pages, block_tables, context_lens, jnp.arange(b + 1, dtype=jnp.int32) * q_len,
+                   sm_scale, soft_cap, sliding_window, threads)
+
+
+def ragged_paged_attention_cpu(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, *, sm_scale=None,
+                               soft_cap=None, sliding_window=None, threads=None):
+    """Packed tokens: q [T, H, D], sequence b owning rows ``cu_q_lens[b]:cu_q_lens[b+1]`` (i32[B+1]); rows at or
+    past ``cu_q_lens[B]`` get zeros -> [T, H, D]."""
+    return _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scale, soft_cap, sliding_window,
+                   threads)
+
+
+def _check(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens):
+    if q.ndim != 3 or kt_pages.ndim != 4 or v_pages.ndim != 4:
+        raise ValueError(f"paged_attention_cpu: q must be [T, H, D] and the pools 4-D, got q{q.shape}, "
+                         f"kt_pages{kt_pages.shape}, v_pages{v_pages.shape}")
+    p, k, d, s = kt_pages.shape
+    if v_pages.shape != (p, s, k, d):
+        raise ValueError(f"paged_attention_cpu: v_pages{v_pages.shape} does not match kt_pages{kt_pages.shape} "
+                         f"(want [P, S, K, D] = {(p, s, k, d)})")
+    if q.shape[2] != d or q.shape[1] % k:
+        raise ValueError(f"paged_attention_cpu: q{q.shape} needs head dim {d} and a multiple of {k} heads")
+    if kt_pages.dtype != jnp.float32 or v_pages.dtype != jnp.float32:
+        raise ValueError(f"paged_attention_cpu: the pools must be float32, got {kt_pages.dtype}, {v_pages.dtype}")
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        raise ValueError(f"paged_attention_cpu: q must be floating point, got {q.dtype}")
+    b = block_tables.shape[0]
+    if block_tables.ndim != 2 or context_lens.shape != (b,) or cu_q_lens.shape != (b + 1,):
+        raise ValueError(f"paged_attention_cpu: block_tables{block_tables.shape}, context_lens{context_lens.shape} "
+                         f"and cu_q_lens{cu_q_lens.shape} must be [B, M], [B] and [B+1]")
+
+
+def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scale, soft_cap, sliding_window,
+            threads):
+    q, kt_pages, v_pages = jnp.asarray(q), jnp.asarray(kt_pages), jnp.asarray(v_pages)
+    block_tables, context_lens, cu_q_lens = (jnp.asarray(a).astype(jnp.int32)
+                                             for a in (block_tables, context_lens, cu_q_lens))
+    _check(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens)
+    if soft_cap is not None and soft_cap <= 0:
+        raise ValueError(f"paged_attention_cpu: soft_cap must be positive, got {soft_cap}")
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"paged_attention_cpu: sliding_window must be positive, got {sliding_window}")
+    if build.load() is None:
+        raise RuntimeError("paged_attention_cpu: the CPU kernels are unavailable (see the logged warning)")
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
+    out = call(q.astype(jnp.float32), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
+               sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0),
+               sliding_window=int(sliding_window or 0), threads=threads or matmul.default_threads())
+    return out.astype(q.dtype)

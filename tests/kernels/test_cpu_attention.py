@@ -1,0 +1,190 @@
+"""The CPU paged-attention kernel (jaxserve/kernels/cpu/attention.cc) against the plain-jnp references of
+``pallas_kernels.paged_attention``, its routing from ``XlaAttention``, and a guard-page harness.
+
+Kernel tests skip where the kernels cannot be built; the routing-off test runs everywhere.
+"""
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve.kernels.cpu import attention as ca
+from jaxserve.kernels.cpu import build
+from jaxserve.models.attention_backends import attention_backend
+from pallas_kernels import paged_attention as pa
+
+needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
+                                   reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
+TOL = dict(rtol=2e-5, atol=2e-5)
+GARBAGE = (2**31 - 1, -(2**31), -1, 10**6)  # table entries past the live pages: the kernel must not read them
+
+
+def _pools(rng, num_pages, page, kv_heads, head_dim):
+    shape = (num_pages, page, kv_heads, head_dim)
+    k, v = (jnp.asarray(rng.standard_normal(shape, np.float32)) for _ in range(2))
+    return k, pa.tokens_minor(k), v
+
+
+def _tables(rng, lengths, page, width, num_pages):
+    """Distinct random live pages per sequence; every entry past them is garbage (out of the pool's range)."""
+    tables = np.asarray(rng.choice(GARBAGE, (len(lengths), width)), np.int32)
+    perm = rng.permutation(num_pages)
+    at = 0
+    for b, n in enumerate(lengths):
+        need = -(-n // page)
+        tables[b, :need] = perm[at:at + need]
+        at += need
+    return jnp.asarray(tables)
+
+
+def _case(seed, lengths, page=16, kv_heads=3, heads=9, head_dim=64, width=None):
+    rng = np.random.default_rng(seed)
+    width = width or max(-(-n // page) for n in lengths) + 1
+    num_pages = sum(-(-n // page) for n in lengths) + 2
+    k, kt, v = _pools(rng, num_pages, page, kv_heads, head_dim)
+    return rng, k, kt, v, _tables(rng, lengths, page, width, num_pages), jnp.asarray(lengths, jnp.int32), heads
+
+
+def _reference_tables(tables, num_pages):
+    """The reference gathers every entry: point the garbage at page 0 (masked there, never read by the kernel)."""
+    return jnp.where((tables >= 0) & (tables < num_pages), tables, 0)
+
+
+OPTIONS = [dict(), dict(sliding_window=5), dict(sm_scale=0.21), dict(soft_cap=3.0), dict(sliding_window=17,
+                                                                                          soft_cap=2.0)]
+SHAPES = [  # (page, kv heads, heads, head dim): SmolLM2-135M's; MHA; G = 4, 8 with a page of 8 and 32; odd sizes
+    (16, 3, 9, 64), (16, 2, 2, 32), (8, 2, 8, 16), (32, 1, 8, 128), (5, 1, 3, 20)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("opts", OPTIONS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_matches_reference(shape, opts):
+    page, kv_heads, heads, head_dim = shape
+    lengths = [1, page, page + 1, 3 * page - 1, 70, 0]  # one token, block boundaries, an idle row
+    rng, k, kt, v, tables, lens, h = _case(0, lengths, page, kv_heads, heads, head_dim)
+    q = jnp.asarray(rng.standard_normal((len(lengths), h, head_dim), np.float32))
+    got = ca.paged_attention_cpu(q, kt, v, tables, lens, **opts)
+    want = pa.paged_attention_reference(q, k, v, _reference_tables(tables, k.shape[0]), lens, **opts)
+    np.testing.assert_allclose(got, want, **TOL)
+    assert not np.asarray(got[-1]).any()  # length 0: zeros
+
+
+@needs_kernels
+@pytest.mark.parametrize("opts", OPTIONS)
+@pytest.mark.parametrize("q_len", [1, 5, 11])
+def test_uniform_matches_reference(q_len, opts):
+    lengths = [q_len, 16, 33, 47, 0, 64]  # a fresh prompt, a verify at a block boundary, an idle row
+    rng, k, kt, v, tables, lens, h = _case(1, lengths)
+    q = jnp.asarray(rng.standard_normal((q_len * len(lengths), h, 64), np.float32))
+    got = ca.uniform_paged_attention_cpu(q, kt, v, tables, lens, q_len, **opts)
+    want = pa.uniform_paged_attention_reference(q, k, v, _reference_tables(tables, k.shape[0]), lens, q_len, **opts)
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("opts", OPTIONS)
+@pytest.mark.parametrize("shape", SHAPES[:3])
+def test_ragged_matches_reference(shape, opts):
+    page, kv_heads, heads, head_dim = shape
+    q_lens = [1, 37, 0, 1, 5, 16, 1]  # decodes, prefill chunks on prefixes, a fresh prompt, an idle sequence
+    lengths = [1, 60, 0, 17, 5, 16, 90]
+    rng, k, kt, v, tables, lens, h = _case(2, lengths, page, kv_heads, heads, head_dim)
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    q = jnp.asarray(rng.standard_normal((int(cu[-1]) + 4, h, head_dim), np.float32))  # 4 padding rows
+    got = ca.ragged_paged_attention_cpu(q, kt, v, tables, lens, cu, **opts)
+    want = pa.ragged_paged_attention_reference(q, k, v, _reference_tables(tables, k.shape[0]), lens, cu, **opts)
+    np.testing.assert_allclose(got, want, **TOL)
+    assert not np.asarray(got[int(cu[-1]):]).any()
+
+
+@needs_kernels
+def test_bf16_queries_come_back_bf16_and_match():
+    rng, k, kt, v, tables, lens, h = _case(3, [20, 41])
+    q = jnp.asarray(rng.standard_normal((2, h, 64)), jnp.bfloat16)
+    got = ca.paged_attention_cpu(q, kt, v, tables, lens)
+    want = pa.paged_attention_reference(q.astype(jnp.float32), k, v, _reference_tables(tables, k.shape[0]), lens)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=1e-2)
+
+
+@needs_kernels
+def test_thread_count_does_not_change_a_bit():
+    q_lens, lengths = [1, 30, 1, 9, 1], [200, 45, 3, 9, 130]
+    rng, k, kt, v, tables, lens, h = _case(4, lengths)
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    q = jnp.asarray(rng.standard_normal((int(cu[-1]), h, 64), np.float32))
+    outs = [np.asarray(jax.jit(lambda *a, t=t: ca.ragged_paged_attention_cpu(*a, threads=t))(q, kt, v, tables, lens,
+                                                                                              cu)) for t in (1, 2, 7)]
+    for other in outs[1:]:
+        np.testing.assert_array_equal(other, outs[0])
+
+
+@needs_kernels
+def test_nan_past_the_context_and_outside_the_window_never_leaks():
+    lengths = [21, 7]
+    rng, k, kt, v, tables, lens, h = _case(5, lengths, width=4)
+    q = jnp.asarray(rng.standard_normal((2, h, 64), np.float32))
+    live = np.zeros(k.shape[:2], bool)
+    for b, n in enumerate(lengths):
+        for pos in range(max(0, n - 4), n):  # window 4: only the last 4 keys are seen
+            live[int(tables[b, pos // 16]), pos % 16] = True
+    kp, vp = (np.where(live[:, :, None, None], np.asarray(x), np.nan).astype(np.float32) for x in (k, v))
+    clean = ca.paged_attention_cpu(q, kt, v, tables, lens, sliding_window=4)
+    dirty = ca.paged_attention_cpu(q, pa.tokens_minor(jnp.asarray(kp)), jnp.asarray(vp), tables, lens,
+                                   sliding_window=4)
+    np.testing.assert_array_equal(dirty, clean)
+
+
+@needs_kernels
+def test_bad_arguments_are_value_errors():
+    rng, k, kt, v, tables, lens, h = _case(6, [5])
+    q = jnp.zeros((1, h, 64), jnp.float32)
+    with pytest.raises(ValueError, match="v_pages"):
+        ca.paged_attention_cpu(q, kt, kt, tables, lens)
+    with pytest.raises(ValueError, match="multiple of 3 heads"):
+        ca.paged_attention_cpu(jnp.zeros((1, 8, 64)), kt, v, tables, lens)
+    with pytest.raises(ValueError, match="float32"):
+        ca.paged_attention_cpu(q, kt.astype(jnp.bfloat16), v, tables, lens)
+    with pytest.raises(ValueError, match="sliding_window"):
+        ca.paged_attention_cpu(q, kt, v, tables, lens, sliding_window=0)
+
+
+def _traced_targets(backend, q, layer_k, v, tables, lens):
+    return jax.jit(lambda q, k, v: backend.decode(q, k, v, tables, lens)).lower(q, layer_k, v).as_text()
+
+
+@needs_kernels
+def test_xla_backend_routes_float32_pools_to_the_kernel(monkeypatch):
+    rng, k, kt, v, tables, lens, h = _case(7, [9, 30])
+    q = jnp.asarray(rng.standard_normal((2, h, 64), np.float32))
+    xla = attention_backend("xla")
+    assert ca.TARGET in _traced_targets(xla, q, kt, v, tables, lens)
+    assert ca.TARGET not in _traced_targets(xla, q, kt.astype(jnp.bfloat16), v.astype(jnp.bfloat16), tables, lens)
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv(ca.ENV_SWITCH, off)
+        assert ca.TARGET not in _traced_targets(xla, q, kt, v, tables, lens)
+    monkeypatch.delenv(ca.ENV_SWITCH)
+    monkeypatch.setenv("JAXSERVE_CPU_KERNELS", "0")
+    assert ca.TARGET not in _traced_targets(xla, q, kt, v, tables, lens)
+
+
+def test_switch_off_is_not_usable(monkeypatch):
+    monkeypatch.setenv(ca.ENV_SWITCH, "off")
+    assert not ca.usable(jnp.zeros(1, jnp.float32), jnp.zeros(1, jnp.float32))
+
+
+@needs_kernels
+def test_guard_pages(tmp_path):
+    """attention.cc with every page no query sees, and the memory after the tables, q and the output, on PROT_NONE
+    pages (cpu_attention_guard_pages.cc): a read outside the visible pages faults; the outputs are checked against a
+    double-precision reference too."""
+    exe = tmp_path / "guard_pages"
+    cmd = [build.compiler(), "-O2", "-march=native", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
+           f"-I{build.SOURCE_DIR}", str(Path(__file__).with_name("cpu_attention_guard_pages.cc")), "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"rc {proc.returncode} {proc.stdout} {proc.stderr}"
