@@ -163,7 +163,9 @@ def meta(argv):
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "jaxserve", "benchmarks", "pallas_kernels")
     env = " ".join(f"{k}={os.environ[k]}" for k in ("JAXSERVE_CPU_KERNEL_THREADS",) if k in os.environ)
-    return {"benchmark": "cpu_attention", "command": (env + " " if env else "")
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = f"taskset -c {','.join(map(str, cpus))} " if len(cpus) < (os.cpu_count() or 1) else ""
+    return {"benchmark": "cpu_attention", "command": (env + " " if env else "") + pin
             + "python benchmarks/cpu_attention_ab.py " + " ".join(argv),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine(), "jax_version": jax.__version__,

@@ -105,7 +105,8 @@ void run(const Case& c, std::mt19937& rng) {
         }
         for (int64_t d = 0; d < D; ++d) {
           const double want = sum > 0 ? o[d] / sum : 0.0, got = out[(row * H + h) * D + d];
-          g_worst = std::max(g_worst, std::isnan(got) ? INFINITY : std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+          const double err = std::isnan(got) ? INFINITY : std::fabs(got - want) / std::max(1.0, std::fabs(want));
+          g_worst = std::max(g_worst, err);
           ++g_outputs;
         }
       }
