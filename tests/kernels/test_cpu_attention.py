@@ -188,3 +188,20 @@ def test_guard_pages(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"rc {proc.returncode} {proc.stdout} {proc.stderr}"
+
+
+@pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
+@pytest.mark.parametrize("group", ["SOURCES", "HEADERS"])
+def test_build_key_covers_both_sources_and_the_header(group, tmp_path, monkeypatch):
+    """An edit to any file compiled into jaxserve_cpu_kernels.so gives a new cache key (a fresh build)."""
+    cxx = build.compiler()
+    key = build._build_key(cxx)
+    for i, path in enumerate(getattr(build, group)):
+        copies = [tmp_path / p.name for p in getattr(build, group)]
+        for src, dst in zip(getattr(build, group), copies):
+            dst.write_bytes(src.read_bytes())
+        with monkeypatch.context() as m:
+            m.setattr(build, group, tuple(copies))
+            assert build._build_key(cxx) == key  # the same bytes: the same key
+            copies[i].write_bytes(copies[i].read_bytes() + b"\n// edited\n")
+            assert build._build_key(cxx) != key, path.name
