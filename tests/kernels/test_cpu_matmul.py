@@ -93,6 +93,22 @@ def test_bf16_matmul_rows_do_not_depend_on_m(transpose_w, k):
 
 @needs_kernels
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_fp4_matmul_cpu_rows_do_not_depend_on_m_or_threads(fmt, x_dtype):
+    """Each y[m, n] sums over k in one order whatever M, the chunking or the threads: rows computed in groups of M
+    (chunks narrow as M grows) are bitwise the rows of M = 1."""
+    rng = np.random.default_rng(28)
+    x = jnp.asarray(rng.standard_normal((16, 576)), x_dtype)
+    w = quantize(jnp.asarray(rng.standard_normal((576, 1000)) * 0.05, jnp.float32), fmt, axis=0)
+    mm = lambda x, t: np.asarray(cpu.fp4_matmul_cpu(x, w, out_dtype=jnp.float32, threads=t))  # noqa: E731
+    full = mm(x, 2)
+    np.testing.assert_array_equal(mm(x, 1), full)
+    for rows in (slice(0, 1), slice(3, 5), slice(5, 12), slice(15, 16)):
+        np.testing.assert_array_equal(mm(x[rows], 2), full[rows])
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (2, 64, 37), (5, 1536, 200), (16, 96, 17), (3, 32, 64)])
 @pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
 def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
