@@ -5,6 +5,7 @@
 //   g++ -O3 -march=native -std=c++17 -w -I$(python -c 'import jax; print(jax.ffi.include_dir())') \
 //       -I jaxserve/kernels/cpu benchmarks/cpu_fp4_kn.cc -o /tmp/fp4_new
 //   /tmp/fp4_new hash            # one line per (format, x mode): a hash of every output bit over the shapes
+//   taskset -c 1 /tmp/fp4_new head [rounds]          # the [N, K] kernel (fp4_nk) on the tied head [49152, 576]
 //   taskset -c 1 /tmp/fp4_new time [rounds [bytes]]  # median us per matmul (and GB/s of codes + scales), M = 1, 2,
 //                                                    # 4, 8, 16, over distinct weights of `bytes` in all
 //
@@ -128,11 +129,52 @@ void time_shapes(int rounds, int64_t total_bytes) {
     }
 }
 
+// fp4_nk where this matmul.cc has it (the quantized tied head), else a message.
+template <class... A>
+auto call_fp4_nk(int, ffi::ThreadPool& pool, A... a) -> decltype(fp4_nk(pool, a...), true) {
+  fp4_nk(pool, a...);
+  return true;
+}
+template <class... A>
+bool call_fp4_nk(long, ffi::ThreadPool&, A...) {
+  return false;
+}
+
+void time_head(int rounds) {
+  const int64_t V = 49152, K = 576;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (int kind : {0, 1}) {
+    const int64_t bs = kind == 0 ? 16 : 32;
+    const Fp4Weight e = random_weight(rng, K, V, bs, kind);  // the same bytes, read as [V, K/2] and [V, K/bs]
+    for (bool x_bf16 : {true, false})
+      for (int64_t M : {1, 2, 4, 16}) {
+        std::vector<float> x(M * K), y(M * V);
+        for (auto& v : x) v = round_bf16(normal(rng));
+        std::vector<double> us;
+        for (int round = 0; round < rounds; ++round) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (!call_fp4_nk(0, no_pool(), x.data(), M, K, e.codes.data(), e.scales.data(), bs, int64_t(kind), 1.0f, V,
+                           y.data(), x_bf16, int64_t(1))) {
+            std::printf("this matmul.cc has no fp4_nk\n");
+            return;
+          }
+          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        std::printf("head     %5lldx%-4lld %s x_%-4s M=%-3lld %8.1f us [%.1f-%.1f]  %5.1f GB/s\n", (long long)V,
+                    (long long)K, kind == 0 ? "nvfp4" : "mxfp4", x_bf16 ? "bf16" : "f32", (long long)M,
+                    us[us.size() / 2], us.front(), us.back(), double(e.codes.size() + e.scales.size()) / us[us.size() / 2] / 1e3);
+      }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "hash";
   if (mode == "hash") hash_outputs();
+  else if (mode == "head") time_head(argc > 2 ? std::atoi(argv[2]) : 9);
   else time_shapes(argc > 2 ? std::atoi(argv[2]) : 7, argc > 3 ? std::atoll(argv[3]) : 160'000'000);
   return 0;
 }

@@ -4,8 +4,9 @@
 // to bf16 for the bf16 kernels, as it is for the float32 ones; the exact dequantized weight for FP4, E4M3 and E8M0
 // scale bytes), and the FP4 kernel's vector scale byte decoding (AVX-512: fp4_scales16, AVX2: fp4_scales) against
 // decode_e4m3 / decode_e8m0 times the tensor scale, every byte, bit for bit. The shapes reach the AVX-512 FP4
-// kernel's chunk ends (N = 130 at M = 17: chunks of 128 columns, a second sweep of x's rows). Built and run by
-// test_cpu_matmul.py.
+// kernel's chunk ends (N = 130 at M = 17: chunks of 128 columns, a second sweep of x's rows); the [N, K] FP4
+// kernel (fp4_nk, the quantized tied head) reads the same buffers as rows of e, K = 160 ending mid-line. Built and
+// run by test_cpu_matmul.py.
 //
 // threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
 #include "matmul.cc"
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   alignas(64) unsigned char no_pool[sizeof(ffi::ThreadPool)] = {};
   ffi::ThreadPool& pool = *reinterpret_cast<ffi::ThreadPool*>(no_pool);
   for (int64_t M : {1, 2, 3, 5, 17})
-    for (int64_t K : {0, 1, 2, 7, 8, 9, 16, 31, 33, 64, 96})
+    for (int64_t K : {0, 1, 2, 7, 8, 9, 16, 31, 33, 64, 96, 160})
       for (int64_t N : {0, 1, 3, 7, 8, 9, 17, 31, 32, 33, 65, 130}) {
         float* x = guarded<float>(M * K);
         for (int64_t i = 0; i < M * K; ++i) x[i] = normal(rng);
@@ -102,18 +103,25 @@ int main(int argc, char** argv) {
           for (bool x_bf16 : {false, true}) {
             if (x_bf16)  // that mode's x holds bf16 values
               for (int64_t i = 0; i < M * K; ++i) x[i] = from_bf16(to_bf16(x[i]));
-            fp4_kn(pool, x, M, K, codes, scales, bs, kind, 0.75f, N, y, x_bf16, 1);
-            for (int64_t m = 0; m < M; ++m)
-              for (int64_t n = 0; n < N; ++n) {
-                double sum = 0, magnitude = 0;
-                for (int64_t k = 0; k < K; ++k) {
-                  const int code = (codes[k / 2 * N + n] >> (4 * (k % 2))) & 15;
-                  const double p = double(x[m * K + k]) * (kE2M1[code] * lut[scales[k / bs * N + n]]);
-                  sum += p;
-                  magnitude += std::fabs(p);
+            // [K, N] (codes [K/2, N], scales [K/bs, N]), and [N, K] (the same buffers as [N, K/2], [N, K/bs];
+            // block sizes dividing 128 from 8)
+            for (bool nk : {false, true}) {
+              if (nk && (bs < 8 || 128 % bs)) continue;
+              (nk ? fp4_nk : fp4_kn)(pool, x, M, K, codes, scales, bs, kind, 0.75f, N, y, x_bf16, 1);
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) {
+                  double sum = 0, magnitude = 0;
+                  for (int64_t k = 0; k < K; ++k) {
+                    const int64_t byte = nk ? n * (K / 2) + k / 2 : k / 2 * N + n;
+                    const int code = (codes[byte] >> (4 * (k % 2))) & 15;
+                    const double p = double(x[m * K + k]) *
+                                     (kE2M1[code] * lut[scales[nk ? n * (K / bs) + k / bs : k / bs * N + n]]);
+                    sum += p;
+                    magnitude += std::fabs(p);
+                  }
+                  check(y[m * N + n], sum, magnitude);
                 }
-                check(y[m * N + n], sum, magnitude);
-              }
+            }
           }
           }
         }

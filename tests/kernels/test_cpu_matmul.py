@@ -17,7 +17,7 @@ import pytest
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.layers import dense_dot, dot_via, tied_logits
-from pallas_kernels.fp4 import fp4_matmul_reference, quantize
+from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
                                    reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
@@ -122,6 +122,25 @@ def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
 
 
 @needs_kernels
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("m, k, v", [(1, 576, 1000), (3, 160, 77), (16, 64, 130)])
+def test_fp4_matmul_cpu_tied_head_matches_reference_and_rows_do_not_depend_on_m(fmt, x_dtype, m, k, v):
+    """e [V, K] quantized along K (axis 1, a tied embedding as the LM head): x @ dequantize(e)^T, and each row of
+    the result bitwise the same computed alone, at 1 or 2 threads."""
+    rng = np.random.default_rng(k + v)
+    x = jnp.asarray(rng.standard_normal((m, k)), x_dtype)
+    e = quantize(jnp.asarray(rng.standard_normal((v, k)) * 0.05, jnp.float32), fmt, axis=1)
+    mm = lambda x, t=2: np.asarray(cpu.fp4_matmul_cpu(x, e, out_dtype=jnp.float32, threads=t))  # noqa: E731
+    got = mm(x)
+    want = jnp.dot(x.astype(jnp.float32), dequantize(e, jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
+    assert _rel(jnp.asarray(got), want) <= 5e-6
+    np.testing.assert_array_equal(mm(x, 1), got)
+    for i in range(m):
+        np.testing.assert_array_equal(mm(x[i:i + 1]), got[i:i + 1])
+
+
+@needs_kernels
 def test_fp4_matmul_cpu_leading_axes_and_dtype():
     rng = np.random.default_rng(2)
     x = jnp.asarray(rng.standard_normal((2, 3, 64)), jnp.bfloat16)
@@ -156,8 +175,10 @@ def test_invalid_inputs_raise_value_errors():
         cpu.f32_matmul(jnp.zeros((1, 8)), w)
     with pytest.raises(ValueError, match="nvfp4/mxfp4"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((32, 4)), "fp8", axis=0))
-    with pytest.raises(ValueError, match="axis 0"):
+    with pytest.raises(ValueError, match="does not contract"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 4)), quantize(jnp.ones((4, 32)), "nvfp4", axis=1))
+    with pytest.raises(ValueError, match="along axis 0, or along axis 1"):
+        cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((2, 4, 32)), "nvfp4", axis=2))
 
 
 @needs_kernels

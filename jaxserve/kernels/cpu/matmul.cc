@@ -7,6 +7,8 @@
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
 //       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
+//   jaxserve_fp4_matmul_nk:   y f32[M, N] = x f32[M, K] @ dequant(e)^T, e [N, K] quantized along K (a tied
+//       embedding as the LM head): codes u8[N, K/2] (k = 2i, 2i+1 in byte i), scales u8[N, K/bs], bs | 128.
 //   jaxserve_f32_gemm_kn / _nk: the f32 layouts above for many rows (batched decode, prefill), by OpenBLAS's
 //       cblas_sgemm, whose address Python hands over once (jaxserve_set_sgemm): no link-time dependency.
 //
@@ -545,7 +547,8 @@ void fp4_block_scales(const uint8_t* srow, const Fp4Chunk& ch, __m512 ts) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   for (int64_t c = 0; c < ch.width; c += kFp4Step) {
     _mm_prefetch(reinterpret_cast<const char*>(srow + kFp4ScaleAhead * ch.N + c), kPrefetchHint);
-    __m512i bytes = _mm512_maskz_loadu_epi8(tail_mask64(ch.width - c), srow + c);
+    // Past the chunk: E4M3 0 or E8M0 127 (1.0), not E8M0's 0, the subnormal 2^-127: fp4_nk_scales says why.
+    __m512i bytes = _mm512_mask_loadu_epi8(_mm512_set1_epi8(kKind ? 127 : 0), tail_mask64(ch.width - c), srow + c);
     if (kPaired) bytes = _mm512_permutexvar_epi32(order, bytes);
     float* out = ch.scale + c;
     _mm512_store_ps(out, fp4_scales16<kKind>(_mm512_castsi512_si128(bytes), ts));
@@ -628,6 +631,139 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
       if (scale_kind == 0) run(fp4_kn_chunk<0>);
       else run(fp4_kn_chunk<1>);
     }
+  });
+}
+
+// ---- block-scaled FP4 [N, K]: a tied embedding's rows e[v], quantized along K (the LM head) ----
+// codes u8[N, K/2] (k = 2i, 2i+1 in byte i's low, high nibble), scales u8[N, K/bs], bs dividing 128 (16, 32).
+// A row's 64-byte lines (128 k each) decode as the [K, N] kernel's (fp4_pairs64), so x is laid out once in that
+// order (fp4_nk_x). y[m, v] sums, line by line in order, fma(block sums, block scale, acc) in 2 accumulators, then
+// adds them across lanes: a lane's block sum chains its pairs of the line's vectors sharing that block (2 of 4 at
+// bs = 16, all 4 at 32: fp4_nk_tile's GS), by vdpbf16ps from zero (bf16 x, exact products) or float32 FMAs; the
+// same order whatever M, the chunking or the threads. (Scaling each vector's pair sums instead took twice the
+// operations a row of x: the head at M = 16 22 ms, the bf16 one 14.)
+constexpr int64_t kFp4NkAhead = 16;  // rows of e prefetched ahead
+
+// x f32[M, K] -> per row of x, per line of 128 k, 4 vectors of 16 pairs in fp4_pairs64's order (pair 16 l + 4 j + q
+// of the line at vector j, dword 4 l + q): bf16 pairs (x_bf16), else the even k's floats then the odd k's (8 vectors).
+// Zero padded to whole lines. *line_words: 32-bit words per line (64 or 128).
+std::vector<uint32_t> fp4_nk_x(const float* x, int64_t M, int64_t K, bool x_bf16, int64_t* lines_out) {
+  const int64_t lines = (K + 127) / 128, per_line = x_bf16 ? 64 : 128;
+  std::vector<uint32_t> out(M * lines * per_line, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t t = 0; t < lines; ++t)
+      for (int p = 0; p < 64; ++p) {
+        const int64_t k = 128 * t + 2 * p;
+        const float a = k < K ? x[m * K + k] : 0.f, b = k + 1 < K ? x[m * K + k + 1] : 0.f;
+        const int slot = 16 * ((p % 16) / 4) + 4 * (p / 16) + p % 4;  // vector j = (p % 16) / 4, dword 4 l + q
+        uint32_t* line = out.data() + (m * lines + t) * per_line;
+        if (x_bf16) {
+          uint32_t ua, ub;
+          std::memcpy(&ua, &a, 4);
+          std::memcpy(&ub, &b, 4);
+          line[slot] = (ua >> 16) | (ub & 0xFFFF0000u);  // x holds bf16 values: the truncation is exact
+        } else {
+          std::memcpy(&line[slot], &a, 4);
+          std::memcpy(&line[64 + slot], &b, 4);
+        }
+      }
+  *lines_out = lines;
+  return out;
+}
+
+// Rows [v0, v0 + VT) of e against MT rows of x (xs: fp4_nk_x's, `xrow` words a row); sc: each row's decoded scales.
+// GS = min(4, bs / 8) of a line's 4 pair vectors share their lanes' blocks: their pair sums are chained, then scaled.
+template <bool kBf16X, int MT, int VT, int GS>
+void fp4_nk_tile(const uint32_t* xs, int64_t xrow, int64_t K, const uint8_t* codes, const float* sc, int64_t scrow,
+                 int64_t bs, const __m512i (&sidx)[4], float* y, int64_t N, int64_t v0, const Fp4Bf16Tables& t) {
+  const int64_t rb = K / 2, lines = (K + 127) / 128;
+  __m512 acc[MT][VT][2];
+  for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < VT; ++u) acc[i][u][0] = acc[i][u][1] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < lines; ++l) {
+    const __mmask64 mask = tail_mask64(rb - 64 * l);
+    for (int u = 0; u < VT; ++u) {
+      const uint8_t* row = codes + (v0 + u) * rb + 64 * l;
+      _mm_prefetch(reinterpret_cast<const char*>(row + kFp4NkAhead * rb), kPrefetchHint);
+      __m512bh w[4];
+      fp4_pairs64(_mm512_maskz_loadu_epi8(mask, row), t, w);
+      const __m512 blocks = _mm512_loadu_ps(sc + u * scrow + l * 128 / bs);
+      __m512 s[4 / GS];
+      for (int g = 0; g < 4 / GS; ++g) s[g] = _mm512_permutexvar_ps(sidx[g * GS], blocks);
+      for (int i = 0; i < MT; ++i) {
+        const uint32_t* xl = xs + i * xrow + l * (kBf16X ? 64 : 128);
+        for (int g = 0; g < 4 / GS; ++g) {
+          __m512 sum = _mm512_setzero_ps();
+          for (int j = g * GS; j < (g + 1) * GS; ++j) {
+            if (kBf16X) {
+              sum = _mm512_dpbf16_ps(sum, w[j], (__m512bh)_mm512_loadu_si512(xl + 16 * j));
+            } else {
+              const __m512i wi = (__m512i)w[j];
+              const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(wi, 16));
+              const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(wi, _mm512_set1_epi32(int(0xFFFF0000u))));
+              sum = _mm512_fmadd_ps(hi, _mm512_loadu_ps(reinterpret_cast<const float*>(xl + 64 + 16 * j)),
+                                    _mm512_fmadd_ps(lo, _mm512_loadu_ps(reinterpret_cast<const float*>(xl + 16 * j)),
+                                                    sum));
+            }
+          }
+          acc[i][u][g % 2] = _mm512_fmadd_ps(sum, s[g], acc[i][u][g % 2]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < VT; ++u)
+      y[i * N + v0 + u] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][u][0], acc[i][u][1]));
+}
+
+// Rows [v0, v0 + rows) of e's block scales, decoded, zeros past K / bs (the tile's last line loads 16 from its first
+// block; a zero byte would decode to E8M0's subnormal 2^-127, and subnormal operands cost Zen 4 a microcode assist:
+// the head 2.4 -> 6.4 ms at M = 1, mxfp4).
+template <int kKind>
+void fp4_nk_scales(const uint8_t* scales, int64_t nb, int64_t v0, int64_t rows, float ts, float* sc, int64_t scrow) {
+  for (int64_t u = 0; u < rows; ++u)
+    for (int64_t b = 0; b < scrow; b += 16) {
+      const __mmask16 mask = tail_mask(nb - b);
+      const __m512 s = fp4_scales16<kKind>(_mm_maskz_loadu_epi8(mask, scales + (v0 + u) * nb + b), _mm512_set1_ps(ts));
+      _mm512_storeu_ps(sc + u * scrow + b, _mm512_maskz_mov_ps(mask, s));
+    }
+}
+
+void fp4_nk(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
+            int64_t bs, int64_t scale_kind, float ts, int64_t N, float* yp, bool x_bf16, int64_t threads) {
+  if (M == 0 || N == 0) return;
+  int64_t lines;
+  const std::vector<uint32_t> xs = fp4_nk_x(xp, M, K, x_bf16, &lines);
+  const int64_t xrow = lines * (x_bf16 ? 64 : 128), nb = K / bs;
+  const int64_t scrow = (nb + 16 + 15) / 16 * 16;  // a line's 16-float load from its first block stays inside
+  __m512i sidx[4];  // the scale of pair 16 l + 4 j + q of a line: block (2 (16 l + 4 j + q)) / bs of the line's
+  for (int j = 0; j < 4; ++j) {
+    alignas(64) int32_t idx[16];
+    for (int l = 0; l < 4; ++l)
+      for (int q = 0; q < 4; ++q) idx[4 * l + q] = int32_t(2 * (16 * l + 4 * j + q) / bs);
+    sidx[j] = _mm512_load_si512(idx);
+  }
+  const Fp4Bf16Tables t = fp4_bf16_tables();
+  parallel_chunks(pool, (N + kRowsPerChunk - 1) / kRowsPerChunk, threads, [&](int64_t c) {
+    const int64_t v0 = c * kRowsPerChunk, rows = std::min(kRowsPerChunk, N - v0);
+    std::vector<float> sc(rows * scrow);  // the chunk's rows' scales, decoded once whatever M
+    if (scale_kind == 0) fp4_nk_scales<0>(sp, nb, v0, rows, ts, sc.data(), scrow);
+    else fp4_nk_scales<1>(sp, nb, v0, rows, ts, sc.data(), scrow);
+    const auto run = [&](int64_t v, auto vt) {
+      rows_in_groups<2>(M, [&](int64_t m, auto mt) {
+        constexpr int MT = decltype(mt)::value, VT = decltype(vt)::value;
+        const auto pick = [&](auto gs) {
+          constexpr int GS = decltype(gs)::value;
+          return x_bf16 ? fp4_nk_tile<true, MT, VT, GS> : fp4_nk_tile<false, MT, VT, GS>;
+        };
+        const auto tile = bs >= 32 ? pick(std::integral_constant<int, 4>())
+                          : bs == 16 ? pick(std::integral_constant<int, 2>()) : pick(std::integral_constant<int, 1>());
+        tile(xs.data() + m * xrow, xrow, K, cp, sc.data() + (v - v0) * scrow, scrow, bs, sidx, yp + m * N, N, v, t);
+      });
+    };
+    int64_t v = v0;
+    for (; v + 2 <= v0 + rows; v += 2) run(v, std::integral_constant<int, 2>());
+    for (; v < v0 + rows; ++v) run(v, std::integral_constant<int, 1>());
   });
 }
 
@@ -1040,6 +1176,38 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
   });
 }
 
+// ---- block-scaled FP4 [N, K] (a tied embedding's rows, quantized along K: the LM head) ----
+// Row by row, 8 k a step (4 code bytes: vpsrlvd spreads their nibbles, vpermps looks up |E2M1|, the sign xored in),
+// x's products summed per block, then acc = fma(block sum, scale, acc), lanes summed at the end: whatever M, the
+// chunking or the threads. (A plain fallback: the AVX-512 kernel is the one tuned.)
+void fp4_nk(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
+            int64_t bs, int64_t scale_kind, float ts, int64_t N, float* yp, bool /*x_bf16*/, int64_t threads) {
+  const __m256 magnitude = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), low4 = _mm256_set1_epi32(15);
+  const int64_t rb = K / 2, nb = K / bs;
+  parallel_chunks(pool, (N + kRowsPerChunk - 1) / kRowsPerChunk, threads, [&](int64_t c) {
+    for (int64_t v = c * kRowsPerChunk; v < std::min(N, (c + 1) * kRowsPerChunk); ++v)
+      for (int64_t m = 0; m < M; ++m) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+          __m256 blk = _mm256_setzero_ps();
+          for (int64_t k = b * bs; k < (b + 1) * bs; k += 8) {
+            int32_t word;
+            std::memcpy(&word, cp + v * rb + k / 2, 4);
+            const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), low4);
+            const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(nib, 3), 31));
+            const __m256 w = _mm256_xor_ps(_mm256_permutevar8x32_ps(magnitude, nib), sign);
+            blk = _mm256_fmadd_ps(_mm256_loadu_ps(xp + m * K + k), w, blk);
+          }
+          const int byte = sp[v * nb + b];
+          const float s = (scale_kind == 0 ? decode_e4m3(byte) : decode_e8m0(byte)) * ts;
+          acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(s), acc);
+        }
+        yp[m * N + v] = hsum(acc);
+      }
+  });
+}
+
 #else
 #error "jaxserve CPU kernels need AVX-512 F+BW+BF16 or AVX2+FMA (-march=native on such a CPU)"
 #endif
@@ -1061,17 +1229,23 @@ ffi::Error WeightMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::B
   return ffi::Error::Success();
 }
 
-ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
-                       ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
-                       ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind,
-                       int64_t x_bf16, int64_t threads) {
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[1];
-  if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[0] * 2 != K ||
-      scales.dimensions()[0] * block_size != K || scales.dimensions()[1] != N)
-    return ffi::Error::InvalidArgument("fp4_matmul_kn: shapes do not fit the block size");
+// y = x @ dequant(w): kNK false: codes u8[K/2, N], scales u8[K/bs, N]; kNK: w [N, K] quantized along K (a tied
+// embedding read as the LM head), codes u8[N, K/2], scales u8[N, K/bs], bs a divisor of 128 from 8 up.
+template <bool kNK>
+ffi::Error Fp4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
+                     ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
+                     ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind, int64_t x_bf16,
+                     int64_t threads) {
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[kNK ? 0 : 1];
+  const int kk = kNK ? 1 : 0;  // the axis of K in codes and scales
+  if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[kk] * 2 != K ||
+      scales.dimensions()[kk] * block_size != K || scales.dimensions()[1 - kk] != N ||
+      (kNK && (block_size < 8 || 128 % block_size)))
+    return ffi::Error::InvalidArgument(std::string("fp4_matmul_") + (kNK ? "nk" : "kn") +
+                                       ": shapes do not fit the block size");
   // The kernels decode the scale bytes to block scale times tensor scale, as the reference multiplies them.
-  fp4_kn(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size, scale_kind,
-         *tensor_scale.typed_data(), N, y->typed_data(), x_bf16 != 0, threads);
+  (kNK ? fp4_nk : fp4_kn)(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size,
+                          scale_kind, *tensor_scale.typed_data(), N, y->typed_data(), x_bf16 != 0, threads);
   return ffi::Error::Success();
 }
 
@@ -1152,15 +1326,19 @@ JAXSERVE_F32_GEMM(jaxserve_f32_gemm_nk, true)
 // OpenBLAS's cblas_sgemm (any symbol prefix), set once by build.load_blas before the gemm handlers run.
 extern "C" void jaxserve_set_sgemm(void* fn) { g_sgemm.store(reinterpret_cast<Sgemm>(fn)); }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_matmul_kn, Fp4MatmulKn,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Matrix>()
-                                  .Arg<U8Matrix>()
-                                  .Arg<U8Matrix>()
-                                  .Arg<F32Scalar>()
-                                  .Ret<F32Matrix>()
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("scale_kind")
-                                  .Attr<int64_t>("x_bf16")
-                                  .Attr<int64_t>("threads"));
+#define JAXSERVE_FP4_MATMUL(name, nk)                                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Fp4Matmul<nk>,                                               \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Arg<U8Matrix>()                                               \
+                                    .Arg<U8Matrix>()                                               \
+                                    .Arg<F32Scalar>()                                              \
+                                    .Ret<F32Matrix>()                                              \
+                                    .Attr<int64_t>("block_size")                                   \
+                                    .Attr<int64_t>("scale_kind")                                   \
+                                    .Attr<int64_t>("x_bf16")                                       \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_FP4_MATMUL(jaxserve_fp4_matmul_kn, false)
+JAXSERVE_FP4_MATMUL(jaxserve_fp4_matmul_nk, true)
