@@ -598,6 +598,23 @@ CLAIMS = (
           "llama.cpp Q4): not met. Even at full bandwidth the kernels need 12–13 ms a step for 268 MB; a jax.profiler "
           "trace of the step (before the change: 30 ms, 25 ms of it in ~208 sequential kernel calls) puts ~5 ms in "
           "other work. jaxserve's rounds ranged widely (30.7–42.6)."),
+    Claim("SmolLM2-135M-Instruct batch-1 decode with FP4 weights: streaming FP4 kernels and the quantized tied head",
+          FP4STREAM, smollm2_fp4stream,
+          "`benchmarks/peers/compare.py --model smollm2-135m-instruct --dtype bfloat16 --workloads batch1 --rounds 3 "
+          "--threads 2 --backends ...` twice, one process after the other: at main (8ff77ff, a detached worktree: "
+          "jaxserve, nvfp4, mxfp4) and at this branch (jaxserve, nvfp4 and nvfp4 `+engine.quantize_lm_head=true`), 1 request 64 → 128 greedy tokens, rounds rotating the backends within a process. The bf16 row runs "
+          "the same code in both and is the control. The branch's FP4 [K, N] kernel streams row segments with L2 "
+          "prefetch (one thread, per matmul at M = 1: q/o 50.6 → 23.5 µs, gate/up 155 → 65, down 207 → 60; "
+          "`benchmarks/cpu_fp4_kn.cc`), and quantize_lm_head reads the tied embedding as NVFP4/MXFP4 through the "
+          "new [N, K] kernel (one thread, M = 1: 2.2–2.8 ms against the bf16 head's 3.6; slower from M = 4). "
+          "Measured: NVFP4 40.3 → 48.0 tok/s (1.19×; 1.12× after the bf16 control's 1.07× drift between the runs), "
+          "and 53.1 with the tied head quantized too (1.32× main's NVFP4; +37% perplexity, next table). Far from "
+          "the goal (4-bit ≥ llama.cpp Q4_0, 140.5 tok/s in the table above): at ~20 ms a step the FP4 matmuls "
+          "(~8 ms a step on one thread by the per-matmul figures) are not what remains. Not measured: MXFP4 after the "
+          "change and the 1-thread pinned runs (five engines in one process ran out of the VM's 24 GB; pinned to one "
+          "core shared with another engineer's tests each engine took ~5 min to build), and llama.cpp beside them "
+          "(its driver crashed, SIGSEGV, in the one run that had it). The main run shared the VM with another "
+          "engineer's tests (load average in its meta)."),
     Claim("SmolLM2-135M-Instruct perplexity with the tied LM head quantized too (16 windows of 257 tokens)",
           tuple(FP4STREAM_PPL.values()), smollm2_fp4stream_ppl,
           "`python -m experiments.fp4_perplexity out_dir=results/fp4_perplexity/smollm2_{dense,lm_head}_16w "
