@@ -11,7 +11,8 @@ Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul
 (``f32_gemm``: OpenBLAS sgemm, one OpenBLAS thread, N split over <threads> XLA pool threads), blas_f32_ob2 (``f32_gemm``
 with threads=1 and OpenBLAS's own 2 threads), xla_bf16
 (``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>, and with
---fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads>. --paths keeps those
+--fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads> (the tied head:
+quantized along K, ``fp4_matmul_cpu``'s [N, K] kernel). --paths keeps those
 whose name starts with one of its prefixes.
 """
 import argparse
@@ -27,7 +28,7 @@ import numpy as np
 os.environ.setdefault("JAXSERVE_CPU_KERNELS", "1")
 from jaxserve.kernels.cpu import matmul as cpu  # noqa: E402
 from jaxserve.layers import dot_via  # noqa: E402
-from pallas_kernels.fp4 import fp4_matmul_reference, quantize  # noqa: E402
+from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize  # noqa: E402
 
 SHAPES = {"q/o [576,576]": (576, 576), "k/v [576,192]": (576, 192), "gate/up [576,1536]": (576, 1536),
           "down [1536,576]": (1536, 576), "tied head [49152,576]^T": (576, 49152)}
@@ -88,11 +89,12 @@ def main():
             paths[f"blas_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_gemm(x, w, transpose_w=head, threads=t), 4)
             paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
         paths["blas_f32_ob2"] = (wf, lambda x, w: cpu.f32_gemm(x, w, transpose_w=head, threads=1), 4)
-        if not head and a.fp4:
+        if a.fp4:  # the head: the tied embedding quantized along K (axis 1), read by the [N, K] kernel
             for fmt in a.fp4.split(","):
-                wq = [quantize(w, fmt, axis=0) for w in wf]
+                wq = [quantize(w, fmt, axis=1 if head else 0) for w in wf]
                 nb = wq[0].nbytes
-                paths[f"xla_{fmt}"] = (wq, lambda x, w: fp4_matmul_reference(x, w), nb / (k * n))
+                paths[f"xla_{fmt}"] = (wq, (lambda x, w: x @ dequantize(w, jnp.float32).T) if head
+                                       else (lambda x, w: fp4_matmul_reference(x, w)), nb / (k * n))
                 for t in map(int, a.threads.split(",")):
                     paths[f"kernel_{fmt}_t{t}"] = (wq, lambda x, w, t=t: cpu.fp4_matmul_cpu(x, w, threads=t),
                                                    nb / (k * n))

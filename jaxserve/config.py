@@ -210,6 +210,9 @@ class EngineConfig:
     # GPU) | reference (dequantize-then-dot); fp8/int4 always dequantize. On a Hopper GPU auto/pallas
     # run the Mosaic GPU kernel where it applies (bf16 products), the Triton one elsewhere.
     quant_impl: str = "auto"
+    # with a quantization (nvfp4/mxfp4: the CPU kernel reads it): also the LM head; a tied head quantizes the
+    # embedding table along the hidden axis, its lookup dequantizing the looked-up rows (one device only)
+    quantize_lm_head: bool = False
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).
@@ -241,6 +244,11 @@ class EngineConfig:
                  f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _require(self.quant_impl in QUANT_IMPLS,
                  f"EngineConfig.quant_impl must be one of {QUANT_IMPLS}, got {self.quant_impl!r}")
+        _require(not self.quantize_lm_head or self.quantization is not None,
+                 f"EngineConfig.quantize_lm_head=True needs a quantization, got quantization={self.quantization!r}")
+        _require(not self.quantize_lm_head or self.tensor_parallel_size == 1,
+                 f"EngineConfig.quantize_lm_head=True runs on one device, got tensor_parallel_size="
+                 f"{self.tensor_parallel_size}")
         _require(self.kv_allocation in KV_ALLOCATIONS,
                  f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
         _require(self.moe_dispatch in MOE_DISPATCHES,
@@ -257,6 +265,7 @@ def _check_engine_types(ec: EngineConfig) -> None:
         check_int(f"EngineConfig.{name}", getattr(ec, name), optional=True)
     check_bool("EngineConfig.enable_prefix_caching", ec.enable_prefix_caching)
     check_bool("EngineConfig.enable_expert_parallel", ec.enable_expert_parallel)
+    check_bool("EngineConfig.quantize_lm_head", ec.quantize_lm_head)
     _require(ec.seed >= 0, f"EngineConfig.seed must be >= 0, got {ec.seed}")
     for name in ("attention_impl", "kv_allocation", "moe_dispatch"):
         if not isinstance(getattr(ec, name), str):

@@ -119,8 +119,8 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
     """``embed.attend(x)``: x[..., E] @ embedding[V, E]^T in the embedding's dtype; a few rows of a bf16 or float32
     embedding go to the CPU kernel (as ``dot_via``'s and ``f32_dot``'s dense layers do), which reads it as stored
     (bf16: without a float32 copy), and more rows of a float32 one to OpenBLAS's sgemm (as ``f32_dot``'s)."""
-    e = embed.embedding
-    if e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32):
+    e = embed.embedding  # (a QuantizedTensor under use_quantized_matmul goes to its attend: jaxserve.quant.matmul)
+    if isinstance(e, jax.Array) and e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32):
         f32 = e.dtype == jnp.float32
         route = _cpu_route(x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1,
                            min_rows=_CPU_F32_MIN_ROWS if f32 else 1, blas=f32)

@@ -118,7 +118,9 @@ def report_model(out, model, config, val, stream_len, by_source, claims, sources
              f"Text `{cfg.text}`: {stream_len} tokens; {ref['val_tokens']} predicted tokens in {len(val)} windows "
              f"of {cfg.seq_len + 1} tokens ({'evenly spaced over' if cfg.spread_windows else 'the start of'} the "
              f"text). Model: {describe(config)}; {ref['variant']} params {ref['bytes'] / 1e6:.2f} MB. "
-             "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and "
+             + ("Weights-only rows quantize every Dense kernel and the LM head (lm_head: the tied embedding along E; "
+                "\"kernels\": Dense kernels quantized/all) and " if cfg.lm_head else
+                "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and ") +
              "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
              "Dense call over the whole batch). bits/weight counts codes + block scales + tensor scale of the "
              f"quantized kernels; MB is the whole params pytree. Δ loss is paired against {ref['variant']} on the "

@@ -2,8 +2,8 @@
 
     python -m experiments.fp4_perplexity [key=value ...]    e.g. num_windows=8 weight_sources=[float32]
 
-Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults)
-and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
+Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults; ``lm_head=true``:
+the LM head too, a tied one as the embedding table along E) and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
 format. Every row starts from one float tensor per weight (``weight_sources``): the weights as
 loaded (SmolLM2: dequantized from its GGUF file's Q4_1 blocks to float32), or those rounded to
 bfloat16 / float16 (a 16-bit export) and computed in float32. Also reports the quantization error
@@ -89,7 +89,7 @@ def source_params(params, source: str):
 def measure_variant(name, config, params, val, cfg):
     base, w4a4 = split_variant(name)
     fmt, opts = VARIANTS[base]
-    qparams = quantize_params(params, fmt, **opts)
+    qparams = quantize_params(params, fmt, lm_head=cfg.lm_head, **opts)
     report = quantization_report(params, qparams)
     plan = kernel_plan(params, fmt, **opts)
     row = perplexity(qparams, config, val, MatmulSettings(cfg.impl, w4a4=w4a4), cfg.batch_size)

@@ -109,7 +109,7 @@ class LLMEngine:
                                    speculation_policy=self.spec_policy)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
-            params = quantize_params(params, ec.quantization)
+            params = quantize_params(params, ec.quantization, lm_head=ec.quantize_lm_head)
             quant = MatmulSettings(impl=ec.quant_impl)
         self.runner = ModelRunner(run_config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,

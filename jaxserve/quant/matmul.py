@@ -8,6 +8,11 @@ kernels, and everything else, run unchanged. The interceptor reads the kernel wi
 checks the stored leaves against the float kernel's shape and so rejects a QuantizedTensor
 (``ScopeParamShapeError``): quantized params outside the context fail loudly, never silently.
 
+Likewise an ``nn.Embed`` whose ``embedding`` is a QuantizedTensor ([V, E] along E: ``quantize_params(lm_head=True)``
+for a tied head): its ``setup`` keeps the QuantizedTensor as ``embedding``, ``__call__`` (the lookup) gathers and
+dequantizes the looked-up rows only, and ``attend`` (the tied LM head) is ``quantized_matmul`` of the transposed
+table (``tied_matmul``). One device only.
+
 On a device mesh (a model module above the Dense carries a ``layout``), the quantized matmul runs per shard
 inside ``shard_map``, each device on its slice of the kernel (``jaxserve.quant.sharded``).
 
@@ -29,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _compat
-from pallas_kernels.fp4 import QuantizedTensor, fp4_matmul, fp4_matmul_mosaic, fp4_matmul_reference
+from pallas_kernels.fp4 import QuantizedTensor, dequantize, fp4_matmul, fp4_matmul_mosaic, fp4_matmul_reference
 
 IMPLS = ("auto", "pallas", "mosaic", "reference")
 KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
@@ -160,6 +165,59 @@ def _dense_interceptor(next_fun, args, kwargs, context):
     return y
 
 
+def tied_matmul(x: jax.Array, e: QuantizedTensor, settings: MatmulSettings = MatmulSettings(),
+                out_dtype=None) -> jax.Array:
+    """x[..., E] @ e^T, e a QuantizedTensor [V, E] along E (a tied embedding as the LM head) -> out_dtype[..., V]
+    (default x.dtype): where ``kernel_for`` picks "cpu", the CPU FFI kernel (``fp4_matmul_cpu``'s [N, K] layout),
+    16 rows of x a call (a prefill too: no dequantized copy of the table); else dequantize, then a float32 dot."""
+    x = jnp.asarray(x)
+    if kernel_for(x.dtype, e, settings) == "cpu" and 128 % e.block_size == 0:
+        from jaxserve.kernels.cpu import fp4_matmul_cpu
+        x2 = x.reshape(-1, x.shape[-1])
+        parts = [fp4_matmul_cpu(x2[i:i + _CPU_MAX_ROWS], e, out_dtype=out_dtype)
+                 for i in range(0, max(x2.shape[0], 1), _CPU_MAX_ROWS)]
+        y = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        return y.reshape(*x.shape[:-1], e.shape[0])
+    y = jnp.dot(x.astype(jnp.float32), dequantize(e, jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
+    return y.astype(out_dtype or x.dtype)
+
+
+def embedding_rows(e: QuantizedTensor, ids: jax.Array, dtype) -> jax.Array:
+    """e[ids] dequantized: ids int[...] -> dtype[..., E], from the gathered codes and scales rows of e [V, E] (along
+    E) only."""
+    flat = ids.reshape(-1)
+    rows = dataclasses.replace(e, data=jnp.take(e.data, flat, axis=0), scales=jnp.take(e.scales, flat, axis=0),
+                               shape=(flat.shape[0], e.shape[1]))
+    return dequantize(rows, dtype).reshape(*ids.shape, e.shape[1])
+
+
+def _embed_interceptor(next_fun, args, kwargs, context):
+    m = context.module
+    table = m.get_variable("params", "embedding")
+    if _layout_of(m) is not None:
+        raise ValueError(f"{'/'.join(m.scope.path)}: a quantized embedding (quantize_lm_head) runs on one device only")
+    if context.method_name == "setup":  # nn.Embed.setup's param check would reject the QuantizedTensor
+        object.__setattr__(m, "embedding", table)
+        return None
+    if context.method_name == "__call__":
+        ids = args[0] if args else kwargs["inputs"]
+        return embedding_rows(table, jnp.asarray(ids), m.dtype or table.dtype)
+    if context.method_name == "attend":
+        x = args[0] if args else kwargs["query"]
+        dtype = m.dtype or jnp.result_type(x.dtype, jnp.dtype(table.dtype))
+        return tied_matmul(x.astype(dtype), table, current_settings(), out_dtype=dtype)
+    return next_fun(*args, **kwargs)
+
+
+def _interceptor(next_fun, args, kwargs, context):
+    """Dense layers with QuantizedTensor kernels, and Embeds with a QuantizedTensor table, to the quantized paths."""
+    m = context.module
+    if isinstance(m, nn.Embed) and m.has_variable("params", "embedding") and isinstance(
+            m.get_variable("params", "embedding"), QuantizedTensor):
+        return _embed_interceptor(next_fun, args, kwargs, context)
+    return _dense_interceptor(next_fun, args, kwargs, context)
+
+
 @contextlib.contextmanager
 def use_quantized_matmul(impl: str = "auto", *, w4a4: bool = False, interpret: bool | None = None,
                          precision: str = "float32"):
@@ -173,7 +231,7 @@ def use_quantized_matmul(impl: str = "auto", *, w4a4: bool = False, interpret: b
     stack.append(settings)
     try:
         if outermost:
-            with nn.intercept_methods(_dense_interceptor):
+            with nn.intercept_methods(_interceptor):
                 yield settings
         else:
             yield settings

@@ -11,6 +11,10 @@ one of the path's components or, as an ``fnmatch`` glob, the whole path. A kerne
 it matches ``include`` (None: every kernel), matches no ``exclude`` pattern, has at least
 ``min_size`` elements, and its K is a multiple of the format's block size (16 nvfp4, 32 mxfp4,
 ``group_size`` int4); ``kernel_plan`` says which and why not.
+
+``lm_head=True`` also quantizes what the LM head reads: an ``lm_head`` Dense kernel, or, where there is none (a
+tied head), the embedding table ``embed/embedding`` [V, E] along E (axis 1), which ``use_quantized_matmul`` then
+reads as the head (``x @ e^T``) and whose lookup dequantizes only the looked-up rows.
 """
 from __future__ import annotations
 
@@ -78,19 +82,34 @@ def kernel_plan(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, min_
     return plan
 
 
+def _is_embedding(path: str, leaf) -> bool:
+    return path.rsplit("/", 1)[-1] == "embedding" and "embed" in path.split("/") and getattr(leaf, "ndim", 0) == 2
+
+
 def quantize_params(params, fmt: str, *, include=None, exclude=DEFAULT_EXCLUDE, min_size: int = 0,
-                    **format_opts):
+                    lm_head: bool = False, **format_opts):
     """params pytree -> the same pytree with the selected Dense kernels ``[K, N]`` as QuantizedTensors.
 
     fmt: "nvfp4" | "mxfp4" | "fp8" | "int4"; format_opts as ``pallas_kernels.fp4.quantize``
     (``scale_rule`` for mxfp4, ``scaling`` for fp8, ``group_size`` for int4). include / exclude:
-    path patterns or one pattern (see the module docstring); min_size: smallest kernel (elements) to quantize.
+    path patterns or one pattern (see the module docstring); min_size: smallest kernel (elements) to quantize;
+    lm_head: also the LM head, a tied one as the embedding table along E (module docstring).
     Raises ValueError for an unknown format or option. Run the result through ``use_quantized_matmul``.
     """
+    if not isinstance(lm_head, bool):
+        raise TypeError(f"quantize_params: lm_head must be a bool, got {lm_head!r}")
+    exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+    if lm_head:
+        exclude = tuple(p for p in exclude if p != "lm_head")
     plan = kernel_plan(params, fmt, include=include, exclude=exclude, min_size=min_size, **format_opts)
+    bs = _block_size(fmt, format_opts)
+    tied = lm_head and not any(path_matches(p, "lm_head") for p in plan)
 
     def one(path, leaf):
-        if plan.get(leaf_path(path)) != QUANTIZE:
+        p = leaf_path(path)
+        if tied and _is_embedding(p, leaf) and leaf.shape[1] % bs == 0:
+            return quantize(leaf, fmt, axis=1, **format_opts)
+        if plan.get(p) != QUANTIZE:
             return leaf
         return quantize(leaf, fmt, axis=0, **format_opts)
 

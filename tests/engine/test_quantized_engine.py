@@ -12,7 +12,8 @@ import pytest
 import jaxserve.quant.matmul as quant_matmul
 from jaxserve import LLM, SamplingParams
 from jaxserve.models import get_preset, init_params
-from jaxserve.quant import dequantize_params, quantize_params
+from jaxserve.kernels import cpu
+from jaxserve.quant import dequantize_params, is_quantized, quantize_params
 
 CONFIG = get_preset("tiny-llama").replace(max_position_embeddings=128)
 PARAMS = init_params(CONFIG, jax.random.key(11))
@@ -75,3 +76,35 @@ def test_unknown_quantization_and_quant_impl():
         LLM.from_params(CONFIG, PARAMS, quantization="fp3", **ENGINE)
     with pytest.raises(ValueError, match="quant_impl must be one of .* got 'triton'"):
         LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", quant_impl="triton", **ENGINE)
+
+
+TIED = CONFIG.replace(tie_word_embeddings=True)
+TIED_PARAMS = init_params(TIED, jax.random.key(12))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_quantized_tied_head_equals_dequantized_model(fmt, monkeypatch):
+    """quantize_lm_head=True: the tied embedding is quantized along E, the head reads it quantized (the CPU
+    kernel where usable) and the lookup dequantizes only the looked-up rows: the greedy tokens of the engine
+    serving the dequantized params, log-probs within 1e-4 (float32 sums in another order)."""
+    shapes = []
+    dequantize = quant_matmul.dequantize
+    monkeypatch.setattr(quant_matmul, "dequantize", lambda qt, *a: shapes.append(qt.shape) or dequantize(qt, *a))
+    qparams = quantize_params(TIED_PARAMS, fmt, lm_head=True)
+    table = next(leaf for path, leaf in jax.tree_util.tree_leaves_with_path(qparams, is_leaf=is_quantized)
+                 if "embedding" in jax.tree_util.keystr(path))
+    assert is_quantized(table) and table.axis == 1 and table.shape == (TIED.vocab_size, TIED.hidden_size)
+    got, got_lp = _generate(LLM.from_params(TIED, TIED_PARAMS, quantization=fmt, quantize_lm_head=True, **ENGINE))
+    want, want_lp = _generate(LLM.from_params(TIED, dequantize_params(qparams), **ENGINE))
+    assert got == want
+    np.testing.assert_allclose(got_lp, want_lp, atol=1e-4, rtol=0)
+    assert shapes and all(s[0] != TIED.vocab_size for s in shapes) or not cpu.usable(), shapes
+    _, plain_lp = _generate(LLM.from_params(TIED, TIED_PARAMS, quantization=fmt, **ENGINE))
+    assert np.abs(got_lp - plain_lp).max() > 1e-4  # the head really was quantized
+
+
+def test_quantize_lm_head_needs_a_quantization():
+    with pytest.raises(ValueError, match="quantize_lm_head=True needs a quantization, got quantization=None"):
+        LLM.from_params(TIED, TIED_PARAMS, quantize_lm_head=True, **ENGINE)
+    with pytest.raises(TypeError, match="quantize_lm_head"):
+        LLM.from_params(TIED, TIED_PARAMS, quantization="nvfp4", quantize_lm_head="yes", **ENGINE)

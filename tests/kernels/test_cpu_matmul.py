@@ -17,7 +17,7 @@ import pytest
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.layers import dense_dot, dot_via, tied_logits
-from pallas_kernels.fp4 import fp4_matmul_reference, quantize
+from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
                                    reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
@@ -93,6 +93,22 @@ def test_bf16_matmul_rows_do_not_depend_on_m(transpose_w, k):
 
 @needs_kernels
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_fp4_matmul_cpu_rows_do_not_depend_on_m_or_threads(fmt, x_dtype):
+    """Each y[m, n] sums over k in one order whatever M, the chunking or the threads: rows computed in groups of M
+    (chunks narrow as M grows) are bitwise the rows of M = 1."""
+    rng = np.random.default_rng(28)
+    x = jnp.asarray(rng.standard_normal((16, 576)), x_dtype)
+    w = quantize(jnp.asarray(rng.standard_normal((576, 1000)) * 0.05, jnp.float32), fmt, axis=0)
+    mm = lambda x, t: np.asarray(cpu.fp4_matmul_cpu(x, w, out_dtype=jnp.float32, threads=t))  # noqa: E731
+    full = mm(x, 2)
+    np.testing.assert_array_equal(mm(x, 1), full)
+    for rows in (slice(0, 1), slice(3, 5), slice(5, 12), slice(15, 16)):
+        np.testing.assert_array_equal(mm(x[rows], 2), full[rows])
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m, k, n", [(1, 576, 576), (2, 64, 37), (5, 1536, 200), (16, 96, 17), (3, 32, 64)])
 @pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
 def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
@@ -103,6 +119,25 @@ def test_fp4_matmul_cpu_matches_reference(fmt, m, k, n, x_dtype):
     # the kernel decodes to exactly dequantize(w)'s codes and scales; the summation order differs, and (AVX2, or bf16
     # x on AVX-512) each block's sum is scaled once instead of each weight: rounding of the same order (matmul.cc)
     assert _rel(got, fp4_matmul_reference(x, w, out_dtype=jnp.float32)) <= 5e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("m, k, v", [(1, 576, 1000), (3, 160, 77), (16, 64, 130)])
+def test_fp4_matmul_cpu_tied_head_matches_reference_and_rows_do_not_depend_on_m(fmt, x_dtype, m, k, v):
+    """e [V, K] quantized along K (axis 1, a tied embedding as the LM head): x @ dequantize(e)^T, and each row of
+    the result bitwise the same computed alone, at 1 or 2 threads."""
+    rng = np.random.default_rng(k + v)
+    x = jnp.asarray(rng.standard_normal((m, k)), x_dtype)
+    e = quantize(jnp.asarray(rng.standard_normal((v, k)) * 0.05, jnp.float32), fmt, axis=1)
+    mm = lambda x, t=2: np.asarray(cpu.fp4_matmul_cpu(x, e, out_dtype=jnp.float32, threads=t))  # noqa: E731
+    got = mm(x)
+    want = jnp.dot(x.astype(jnp.float32), dequantize(e, jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
+    assert _rel(jnp.asarray(got), want) <= 5e-6
+    np.testing.assert_array_equal(mm(x, 1), got)
+    for i in range(m):
+        np.testing.assert_array_equal(mm(x[i:i + 1]), got[i:i + 1])
 
 
 @needs_kernels
@@ -140,8 +175,10 @@ def test_invalid_inputs_raise_value_errors():
         cpu.f32_matmul(jnp.zeros((1, 8)), w)
     with pytest.raises(ValueError, match="nvfp4/mxfp4"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((32, 4)), "fp8", axis=0))
-    with pytest.raises(ValueError, match="axis 0"):
+    with pytest.raises(ValueError, match="does not contract"):
         cpu.fp4_matmul_cpu(jnp.zeros((1, 4)), quantize(jnp.ones((4, 32)), "nvfp4", axis=1))
+    with pytest.raises(ValueError, match="along axis 0, or along axis 1"):
+        cpu.fp4_matmul_cpu(jnp.zeros((1, 32)), quantize(jnp.ones((2, 4, 32)), "nvfp4", axis=2))
 
 
 @needs_kernels

@@ -80,3 +80,27 @@ def test_moe_expert_banks_and_router_are_not_kernels():
 def test_bad_format_or_option_is_a_value_error(params, fmt, opts, match):
     with pytest.raises(ValueError, match=match):
         quantize_params(params, fmt, **opts)
+
+
+def test_lm_head_quantizes_an_untied_head_kernel_or_else_the_tied_embedding_along_e(params):
+    paths = lambda qp: {jax.tree_util.keystr(p): leaf for p, leaf in  # noqa: E731
+                        jax.tree_util.tree_leaves_with_path(qp, is_leaf=is_quantized)}
+    untied = paths(quantize_params(params, "nvfp4", lm_head=True))
+    head = [leaf for p, leaf in untied.items() if "lm_head" in p]
+    assert head and all(is_quantized(leaf) and leaf.axis == 0 for leaf in head)
+    assert not any(is_quantized(leaf) for p, leaf in untied.items() if "embedding" in p)
+    tied = _drop_lm_head(params)
+    quantized = paths(quantize_params(tied, "mxfp4", lm_head=True))
+    (table,) = [leaf for p, leaf in quantized.items() if "embedding" in p]
+    assert is_quantized(table) and table.axis == 1 and table.fmt == "mxfp4"
+    assert not any(is_quantized(leaf) for p, leaf in paths(quantize_params(tied, "mxfp4")).items()
+                   if "embedding" in p)
+    with pytest.raises(TypeError, match="lm_head must be a bool"):
+        quantize_params(tied, "nvfp4", lm_head="yes")
+
+
+def _drop_lm_head(tree):
+    """params as a tied model holds them: no lm_head."""
+    if isinstance(tree, dict):
+        return {k: _drop_lm_head(v) for k, v in tree.items() if k != "lm_head"}
+    return tree

@@ -7,11 +7,15 @@
 //       codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one),
 //       scales u8[K/bs, N] (E4M3 bytes: scale_kind 0, E8M0 bytes: scale_kind 1), tensor_scale f32[];
 //       x_bf16 = 1: x holds bf16 values (vdpbf16ps products), else float32 FMAs.
+//   jaxserve_fp4_matmul_nk:   y f32[M, N] = x f32[M, K] @ dequant(e)^T, e [N, K] quantized along K (a tied
+//       embedding as the LM head): codes u8[N, K/2] (k = 2i, 2i+1 in byte i), scales u8[N, K/bs], bs | 128.
 //   jaxserve_f32_gemm_kn / _nk: the f32 layouts above for many rows (batched decode, prefill), by OpenBLAS's
 //       cblas_sgemm, whose address Python hands over once (jaxserve_set_sgemm): no link-time dependency.
 //
 // The weights are read once, as stored (no float32 copy): bf16 is widened in registers
-// (a 16-bit shift), float32 loaded as it is (the same loops, templated on the weight type); FP4 codes are decoded with 16-entry tables to their exact E2M1 values. The
+// (a 16-bit shift), float32 loaded as it is (the same loops, templated on the weight type); FP4 codes are decoded
+// with 16-entry tables to their exact E2M1 values, scale bytes by integer ops to exactly decode_e4m3 / decode_e8m0
+// times the tensor scale. The
 // AVX-512 float32-x path multiplies each by its block scale times the tensor scale, exactly the
 // float32 weight the jnp reference dequantizes to, so only the summation order differs from XLA's
 // dot; its bf16-x path and the AVX2 kernel sum each block's unscaled products, then multiply the
@@ -83,7 +87,8 @@ std::vector<float> x_padded(const float* x, int64_t M, int64_t K, int64_t multip
 
 inline float as_is(float v) { return v; }
 
-// ---- block-scaled FP4: the E2M1 values and the scale byte decoders ----
+// ---- block-scaled FP4: the E2M1 values and the scale byte decoders (the kernels' vector decoders match these bit
+// for bit: tests/kernels/cpu_matmul_guard_pages.cc) ----
 const float kE2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 
 float decode_e4m3(int b) {
@@ -326,105 +331,404 @@ void matmul_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
   });
 }
 
-template <int MT, int NW>
-void fp4_kn_tile(const float* x, int64_t K, const uint8_t* codes, const uint8_t* scales, int64_t bs,
-                 const float* scale_lut, int64_t N, float* y, int64_t n0) {
-  const __m512 lut = _mm512_loadu_ps(kE2M1);
-  const __m512i low4 = _mm512_set1_epi32(15);
-  __m512 acc[MT][NW];
-  __mmask16 mask[NW];
-  for (int j = 0; j < NW; ++j) mask[j] = tail_mask(N - n0 - 16 * j);
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < K / bs; ++b) {
-    __m512 s[NW];
-    for (int j = 0; j < NW; ++j) {
-      const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], scales + b * N + n0 + 16 * j));
-      s[j] = _mm512_i32gather_ps(idx, scale_lut, 4);
-    }
-    for (int64_t r = b * bs / 2; r < (b + 1) * bs / 2; ++r) {
-      __m512 lo[NW], hi[NW];
-      _mm_prefetch(reinterpret_cast<const char*>(codes + (r + 16) * N + n0), _MM_HINT_T0);
-      for (int j = 0; j < NW; ++j) {
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], codes + r * N + n0 + 16 * j));
-        lo[j] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(c, low4), lut), s[j]);
-        hi[j] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), s[j]);
-      }
-      for (int i = 0; i < MT; ++i) {
-        const __m512 x0 = _mm512_set1_ps(x[i * K + 2 * r]), x1 = _mm512_set1_ps(x[i * K + 2 * r + 1]);
-        for (int j = 0; j < NW; ++j)
-          acc[i][j] = _mm512_fmadd_ps(x1, hi[j], _mm512_fmadd_ps(x0, lo[j], acc[i][j]));
-      }
-    }
+// ---- block-scaled FP4 [K, N]: streamed by rows, as bf16_kn_pass ----
+// A chunk of columns walks its codes row segments (the whole row when one chunk spans N: a block's bs/2 rows are
+// then one contiguous stretch), prefetching kFp4Ahead rows ahead into L2, the sums of every row of x in L1 buffers.
+// Tiles of 64 columns walking all K/2 codes rows (one 64-byte line a row, rows N bytes apart, prefetched into L1)
+// read ~4 GB/s of codes on one thread of the 2-core Zen 4 VM (q/o 576x576, M = 1: 45 us per matmul; see
+// benchmarks/cpu_fp4_kn.cc). A block's scale bytes are decoded once per chunk into an L1 row of floats, by integer
+// ops (fp4_scales16), not gathered from a table. Each y[m, n] sums in the order the tiles did, whatever M, the
+// chunking or the threads:
+// - float32 x: acc = fma(x[2r+1], e2m1 * s, fma(x[2r], e2m1 * s, acc)) a codes row r at a time, e2m1 * s the float32
+//   dequantized weight (the jnp reference's);
+// - bf16 x (x_bf16): per block, blk = vdpbf16ps(blk, (e2m1[2r], e2m1[2r+1]), (x[2r], x[2r+1])) from zero over the
+//   block's rows, then acc = fma(blk, s, acc): exact products, one rounding per block more than the reference.
+constexpr int64_t kFp4Ahead = 16;      // codes rows prefetched ahead (64 and more: slower on the 576-column layers)
+constexpr int64_t kFp4ScaleAhead = 4;  // blocks of scale bytes prefetched ahead
+constexpr int64_t kFp4Step = 64;       // columns per step of a pass: one 64-byte line of each codes row
+
+// 16 scale bytes -> block scale x tensor scale: decode_e4m3(b) * ts (kind 0) or decode_e8m0(b) * ts (1), bit for
+// bit (tests/kernels/cpu_matmul_guard_pages.cc checks every byte).
+template <int kKind>
+inline __m512 fp4_scales16(__m128i bytes, __m512 ts) {
+  const __m512i d = _mm512_cvtepu8_epi32(bytes);
+  __m512 v;
+  if (kKind == 0) {
+    // Normal magnitudes: exponent and mantissa in float32's, rebiased (+120); subnormals (exponent 0): mantissa x
+    // 2^-9; magnitude 0x7F: NaN (positive, as decode_e4m3's).
+    const __m512i mag = _mm512_and_si512(d, _mm512_set1_epi32(0x7F));
+    const __m512 normal =
+        _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(1.f / 512));
+    v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
+    v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v),
+                                            _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0x80)), 24)));
+    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
+                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+  } else {
+    // 2^(b - 127) is b in the float32 exponent field; b = 0 is the subnormal 2^-127 (0x00400000), b = 255 NaN.
+    const __m512i e = _mm512_slli_epi32(d, 23);
+    const __mmask16 odd = _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512()) |
+                          _mm512_cmpeq_epi32_mask(d, _mm512_set1_epi32(255));
+    v = _mm512_castsi512_ps(_mm512_mask_or_epi32(e, odd, e, _mm512_set1_epi32(0x00400000)));
   }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
+  return _mm512_mul_ps(v, ts);
 }
 
-// x as bf16 pairs (exact for bf16 activations): a packed row r holds the pair (2r, 2r+1) of each column, so
-// one dword lane c | c << 12 indexes both nibbles' bf16 values with one vpermw (the word index reads 5
-// bits: the table repeats its 16 entries). Products summed per block by vdpbf16ps, then scaled.
-template <int MT, int NW>
-void fp4_kn_tile_bf16(const uint32_t* xp, int64_t Kp2, int64_t K, const uint8_t* codes, const uint8_t* scales,
-                      int64_t bs, const float* scale_lut, int64_t N, float* y, int64_t n0) {
-  alignas(64) uint16_t table[32];
-  for (int i = 0; i < 32; ++i) {
+// One chunk's L1 rows of floats, `row` apart: the block's scales [row], the sums acc [MX][row] and, for bf16 x, the
+// block sums blk [MX][row]; and the chunk: columns [n0, n0 + width) of codes u8[K/2, N].
+struct Fp4Chunk {
+  float *scale, *acc, *blk;
+  int64_t row;
+  const uint8_t* codes;
+  int64_t N, n0, width;
+};
+
+// 16 codes (columns c .. c + 16 of codes row r, zeros past the chunk) as 32-bit lanes.
+inline __m512i fp4_codes16(const Fp4Chunk& ch, int64_t r, int64_t c) {
+  return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(tail_mask(ch.width - c), ch.codes + r * ch.N + ch.n0 + c));
+}
+
+inline void fp4_prefetch_row(const Fp4Chunk& ch, int64_t r, int64_t c) {
+  // (Past the end of the buffer is harmless: prefetches never fault.)
+  _mm_prefetch(reinterpret_cast<const char*>(ch.codes + r * ch.N + ch.n0 + c), kPrefetchHint);
+}
+
+inline __mmask64 tail_mask64(int64_t left) {
+  return left >= 64 ? __mmask64(~0ull) : __mmask64((1ull << std::max<int64_t>(left, 0)) - 1);
+}
+
+// Byte 0 (lo) and byte 1 (hi) of the bf16 E2M1 value of each code 0-15, in each 128-bit lane (vpshufb tables).
+struct Fp4Bf16Tables {
+  __m512i lo, hi;
+};
+
+Fp4Bf16Tables fp4_bf16_tables() {
+  alignas(64) uint8_t lo[64], hi[64];
+  for (int i = 0; i < 64; ++i) {
     uint32_t u;
-    std::memcpy(&u, &kE2M1[i % 16], 4);
-    table[i] = uint16_t(u >> 16);  // E2M1 values are exact in bf16
+    std::memcpy(&u, &kE2M1[i % 16], 4);  // E2M1 values are exact in bf16
+    lo[i] = uint8_t(u >> 16);
+    hi[i] = uint8_t(u >> 24);
   }
-  const __m512i lut = _mm512_load_si512(table);
-  __m512 acc[MT][NW];
-  __mmask16 mask[NW];
-  for (int j = 0; j < NW; ++j) mask[j] = tail_mask(N - n0 - 16 * j);
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NW; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < K / bs; ++b) {
-    __m512 blk[MT][NW];
-    for (int i = 0; i < MT; ++i)
-      for (int j = 0; j < NW; ++j) blk[i][j] = _mm512_setzero_ps();
-    for (int64_t r = b * bs / 2; r < (b + 1) * bs / 2; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes + (r + 16) * N + n0), _MM_HINT_T0);
-      __m512bh w[NW];
-      for (int j = 0; j < NW; ++j) {
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], codes + r * N + n0 + 16 * j));
-        w[j] = (__m512bh)_mm512_permutexvar_epi16(_mm512_or_si512(c, _mm512_slli_epi32(c, 12)), lut);
-      }
-      for (int i = 0; i < MT; ++i) {
-        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[i * Kp2 + r]));
-        for (int j = 0; j < NW; ++j) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], w[j], xb);
-      }
-    }
-    for (int j = 0; j < NW; ++j) {
-      const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask[j], scales + b * N + n0 + 16 * j));
-      const __m512 sc = _mm512_i32gather_ps(idx, scale_lut, 4);
-      for (int i = 0; i < MT; ++i) acc[i][j] = _mm512_fmadd_ps(blk[i][j], sc, acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NW; ++j) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, mask[j], acc[i][j]);
+  return {_mm512_load_si512(lo), _mm512_load_si512(hi)};
 }
 
-constexpr bool kFp4ScaleLut = true;  // fp4_kn gathers block scale x tensor scale from the handler's table
+// 64 codes (a line of a codes row: columns c .. c + 64) -> the bf16 pairs (E2M1 of the low nibble, of the high one)
+// vdpbf16ps multiplies with (x[2r], x[2r+1]): 4 vpshufb look up both bytes of both nibbles' values, then vpunpck
+// bytes to words, words to dwords. Within 128-bit lanes: w[j] holds columns {16 l + 4 j + q} at dword 4 l + q.
+// (Measured alike, one core of the Zen 4 VM in L2: the old vpmovzxbd + vpermw a 16 columns, and vpermb (VBMI) spreading
+// each code to a dword, vpsrlvw + vpternlogd making table indices, vpermb looking them up; vdpbf16ps alone, 4 a
+// line, takes about half the time.)
+inline void fp4_pairs64(__m512i code, const Fp4Bf16Tables& t, __m512bh (&w)[4]) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  const __m512i lo = _mm512_and_si512(code, nib), hi = _mm512_and_si512(_mm512_srli_epi16(code, 4), nib);
+  const __m512i l0 = _mm512_shuffle_epi8(t.lo, lo), h0 = _mm512_shuffle_epi8(t.hi, lo);
+  const __m512i l1 = _mm512_shuffle_epi8(t.lo, hi), h1 = _mm512_shuffle_epi8(t.hi, hi);
+  const __m512i a0 = _mm512_unpacklo_epi8(l0, h0), a1 = _mm512_unpackhi_epi8(l0, h0);  // low nibbles' bf16
+  const __m512i b0 = _mm512_unpacklo_epi8(l1, h1), b1 = _mm512_unpackhi_epi8(l1, h1);  // high nibbles'
+  w[0] = (__m512bh)_mm512_unpacklo_epi16(a0, b0);
+  w[1] = (__m512bh)_mm512_unpackhi_epi16(a0, b0);
+  w[2] = (__m512bh)_mm512_unpacklo_epi16(a1, b1);
+  w[3] = (__m512bh)_mm512_unpackhi_epi16(a1, b1);
+}
+
+// bf16 x: codes rows [r, r + R) of the chunk into the block sums of x's rows m < MX (xp: bf16 pairs, Kp2 a row),
+// in fp4_pairs64's column order. kFirst: the block's first rows (sums from zero); kLast: its last (acc += sums x the
+// block's scales).
+template <int R, bool kFirst, bool kLast>
+void fp4_kn_pass_bf16(const uint32_t* xp, int64_t Kp2, int64_t MX, const Fp4Chunk& ch, int64_t r,
+                      const Fp4Bf16Tables& t) {
+  const uint8_t* cp = ch.codes + r * ch.N + ch.n0;
+  for (int64_t c = 0; c < ch.width; c += kFp4Step) {
+    const __mmask64 mask = tail_mask64(ch.width - c);
+    __m512bh w[R][4];
+    for (int i = 0; i < R; ++i) {
+      fp4_prefetch_row(ch, r + i + kFp4Ahead, c);
+      fp4_pairs64(_mm512_maskz_loadu_epi8(mask, cp + i * ch.N + c), t, w[i]);
+    }
+    for (int64_t m = 0; m < MX; ++m) {
+      float* b = ch.blk + m * ch.row + c;
+      __m512 v[4];
+      for (int j = 0; j < 4; ++j) v[j] = kFirst ? _mm512_setzero_ps() : _mm512_load_ps(b + 16 * j);
+      for (int i = 0; i < R; ++i) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(xp[m * Kp2 + r + i]));
+        for (int j = 0; j < 4; ++j) v[j] = _mm512_dpbf16_ps(v[j], w[i][j], xb);
+      }
+      float* a = ch.acc + m * ch.row + c;
+      for (int j = 0; j < 4; ++j) {
+        if (kLast) _mm512_store_ps(a + 16 * j, _mm512_fmadd_ps(v[j], _mm512_load_ps(ch.scale + c + 16 * j),
+                                                              _mm512_load_ps(a + 16 * j)));
+        else _mm512_store_ps(b + 16 * j, v[j]);
+      }
+    }
+  }
+}
+
+// float32 x: codes rows [r, r + R) of the chunk, dequantized with the block's scales, into acc for x's rows m < MX,
+// 32 columns a step (the prefetch of a line every other step).
+template <int R>
+void fp4_kn_pass_f32(const float* x, int64_t K, int64_t MX, const Fp4Chunk& ch, int64_t r) {
+  const __m512 lut = _mm512_loadu_ps(kE2M1);
+  for (int64_t c = 0; c < ch.width; c += 32) {
+    __m512 lo[R][2], hi[R][2];
+    const __m512 s[2] = {_mm512_load_ps(ch.scale + c), _mm512_load_ps(ch.scale + c + 16)};
+    for (int i = 0; i < R; ++i) {
+      if (c % kFp4Step == 0) fp4_prefetch_row(ch, r + i + kFp4Ahead, c);
+      for (int j = 0; j < 2; ++j) {  // vpermps reads the low 4 bits of each index
+        const __m512i code = fp4_codes16(ch, r + i, c + 16 * j);
+        lo[i][j] = _mm512_mul_ps(_mm512_permutexvar_ps(code, lut), s[j]);
+        hi[i][j] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(code, 4), lut), s[j]);
+      }
+    }
+    for (int64_t m = 0; m < MX; ++m) {
+      float* a = ch.acc + m * ch.row + c;
+      __m512 v[2] = {_mm512_load_ps(a), _mm512_load_ps(a + 16)};
+      for (int i = 0; i < R; ++i) {
+        const __m512 x0 = _mm512_set1_ps(x[m * K + 2 * (r + i)]), x1 = _mm512_set1_ps(x[m * K + 2 * (r + i) + 1]);
+        for (int j = 0; j < 2; ++j) v[j] = _mm512_fmadd_ps(x1, hi[i][j], _mm512_fmadd_ps(x0, lo[i][j], v[j]));
+      }
+      _mm512_store_ps(a, v[0]);
+      _mm512_store_ps(a + 16, v[1]);
+    }
+  }
+}
+
+// The bf16-x pass for rows [r, r + R) of a block of `rows` codes rows starting at r0.
+template <int R>
+void fp4_kn_pass_bf16_at(const uint32_t* xp, int64_t Kp2, int64_t MX, const Fp4Chunk& ch, int64_t r0, int64_t rows,
+                         int64_t r, const Fp4Bf16Tables& tables) {
+  const bool first = r == r0, last = r + R == r0 + rows;
+  if (first && last) fp4_kn_pass_bf16<R, true, true>(xp, Kp2, MX, ch, r, tables);
+  else if (first) fp4_kn_pass_bf16<R, true, false>(xp, Kp2, MX, ch, r, tables);
+  else if (last) fp4_kn_pass_bf16<R, false, true>(xp, Kp2, MX, ch, r, tables);
+  else fp4_kn_pass_bf16<R, false, false>(xp, Kp2, MX, ch, r, tables);
+}
+
+// The scales of block row srow (its chunk's columns) into ch.scale, in column order (float32 x) or in
+// fp4_pairs64's (kPaired, bf16 x: dword 4 l + j of a line, 4 columns, goes to lane j, dword l of its 4 vectors).
+template <int kKind, bool kPaired>
+void fp4_block_scales(const uint8_t* srow, const Fp4Chunk& ch, __m512 ts) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (int64_t c = 0; c < ch.width; c += kFp4Step) {
+    _mm_prefetch(reinterpret_cast<const char*>(srow + kFp4ScaleAhead * ch.N + c), kPrefetchHint);
+    // Past the chunk: E4M3 0 or E8M0 127 (1.0), not E8M0's 0, the subnormal 2^-127: fp4_nk_scales says why.
+    __m512i bytes = _mm512_mask_loadu_epi8(_mm512_set1_epi8(kKind ? 127 : 0), tail_mask64(ch.width - c), srow + c);
+    if (kPaired) bytes = _mm512_permutexvar_epi32(order, bytes);
+    float* out = ch.scale + c;
+    _mm512_store_ps(out, fp4_scales16<kKind>(_mm512_castsi512_si128(bytes), ts));
+    _mm512_store_ps(out + 16, fp4_scales16<kKind>(_mm512_extracti32x4_epi32(bytes, 1), ts));
+    _mm512_store_ps(out + 32, fp4_scales16<kKind>(_mm512_extracti32x4_epi32(bytes, 2), ts));
+    _mm512_store_ps(out + 48, fp4_scales16<kKind>(_mm512_extracti32x4_epi32(bytes, 3), ts));
+  }
+}
+
+// Row m of the sums to y, in column order (kPaired: from fp4_pairs64's, a 4 x 4 transpose of 128-bit lanes).
+template <bool kPaired>
+void fp4_store_row(const Fp4Chunk& ch, const float* sums, float* y) {
+  for (int64_t c = 0; c < ch.width; c += kFp4Step) {
+    __m512 o[4];
+    for (int j = 0; j < 4; ++j) o[j] = _mm512_load_ps(sums + c + 16 * j);
+    if (kPaired) {
+      const __m512 a = _mm512_shuffle_f32x4(o[0], o[1], 0x44), b = _mm512_shuffle_f32x4(o[2], o[3], 0x44),
+                   d = _mm512_shuffle_f32x4(o[0], o[1], 0xEE), e = _mm512_shuffle_f32x4(o[2], o[3], 0xEE);
+      o[0] = _mm512_shuffle_f32x4(a, b, 0x88);
+      o[1] = _mm512_shuffle_f32x4(a, b, 0xDD);
+      o[2] = _mm512_shuffle_f32x4(d, e, 0x88);
+      o[3] = _mm512_shuffle_f32x4(d, e, 0xDD);
+    }
+    for (int j = 0; j < 4; ++j)
+      _mm512_mask_storeu_ps(y + ch.n0 + c + 16 * j, tail_mask(ch.width - c - 16 * j), o[j]);
+  }
+}
+
+// y[m, n0 .. n0 + width) for x's rows m < MX: x float32 [MX, K], or (xp non-null) bf16 pairs [MX, Kp2].
+template <int kKind>
+void fp4_kn_chunk(const float* x, const uint32_t* xp, int64_t Kp2, int64_t MX, int64_t K, const uint8_t* scales,
+                  int64_t bs, float ts, float* y, Fp4Chunk ch, float* buffer) {
+  ch.scale = buffer;
+  ch.acc = buffer + ch.row;
+  ch.blk = ch.acc + MX * ch.row;
+  std::fill_n(ch.acc, MX * ch.row, 0.f);
+  const Fp4Bf16Tables tables = fp4_bf16_tables();
+  const __m512 vts = _mm512_set1_ps(ts);
+  const int64_t rows = bs / 2;
+  for (int64_t b = 0; b < K / bs; ++b) {
+    const int64_t r0 = b * rows;
+    int64_t r = r0;
+    if (xp) {
+      fp4_block_scales<kKind, true>(scales + b * ch.N + ch.n0, ch, vts);
+      for (; r + 4 <= r0 + rows; r += 4) fp4_kn_pass_bf16_at<4>(xp, Kp2, MX, ch, r0, rows, r, tables);
+      for (; r < r0 + rows; ++r) fp4_kn_pass_bf16_at<1>(xp, Kp2, MX, ch, r0, rows, r, tables);
+    } else {
+      fp4_block_scales<kKind, false>(scales + b * ch.N + ch.n0, ch, vts);
+      for (; r + 4 <= r0 + rows; r += 4) fp4_kn_pass_f32<4>(x, K, MX, ch, r);
+      for (; r < r0 + rows; ++r) fp4_kn_pass_f32<1>(x, K, MX, ch, r);
+    }
+  }
+  for (int64_t m = 0; m < MX; ++m) {
+    if (xp) fp4_store_row<true>(ch, ch.acc + m * ch.row, y + m * ch.N);
+    else fp4_store_row<false>(ch, ch.acc + m * ch.row, y + m * ch.N);
+  }
+}
 
 void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
-            int64_t block_size, const float* lut, int64_t /*scale_kind*/, float /*tensor_scale*/, int64_t N,
-            float* yp, bool x_bf16, int64_t threads) {
-  if (x_bf16) {
-    int64_t Kp;
-    const std::vector<uint32_t> xb = x_bf16_pairs(xp, M, K, &Kp);
-    parallel_chunks(pool, (N + 63) / 64, threads, [&](int64_t c) {
-      rows_in_groups<2>(M, [&](int64_t m, auto mt) {
-        fp4_kn_tile_bf16<decltype(mt)::value, 4>(xb.data() + m * Kp / 2, Kp / 2, K, cp, sp, block_size, lut, N,
-                                                 yp + m * N, c * 64);
-      });
-    });
-    return;
+            int64_t block_size, int64_t scale_kind, float ts, int64_t N, float* yp, bool x_bf16, int64_t threads) {
+  if (M == 0 || N == 0) return;
+  int64_t Kp = 0;
+  const std::vector<uint32_t> xb = x_bf16 ? x_bf16_pairs(xp, M, K, &Kp) : std::vector<uint32_t>();
+  // Rows of x per sweep, and chunks of equal width (a multiple of 32) whose L1 rows fit kSumFloats (the scales, and
+  // one (float32 x) or two (bf16 x) rows of sums a row of x), their count a multiple of the threads.
+  const int64_t mx = std::min<int64_t>(M, 16), t = std::max<int64_t>(threads, 1);
+  const int64_t span = std::max<int64_t>(kFp4Step, (kSumFloats / (1 + mx * (x_bf16 ? 2 : 1)) - kSumPad) / kFp4Step *
+                                                       kFp4Step);
+  const int64_t chunks = ((N + span - 1) / span + t - 1) / t * t;
+  const int64_t width = std::max<int64_t>(32, ((N + chunks - 1) / chunks + 31) / 32 * 32);
+  const int64_t row = (width + kFp4Step - 1) / kFp4Step * kFp4Step + kSumPad;
+  parallel_chunks(pool, (N + width - 1) / width, threads, [&](int64_t c) {
+    alignas(64) float buffer[kSumFloats + 2 * kFp4Step];
+    const Fp4Chunk ch{nullptr, nullptr, nullptr, row, cp, N, c * width, std::min(width, N - c * width)};
+    for (int64_t m = 0; m < M; m += mx) {
+      const auto run = [&](auto chunk) {
+        chunk(xp + m * K, x_bf16 ? xb.data() + m * Kp / 2 : nullptr, Kp / 2, std::min(mx, M - m), K, sp, block_size,
+              ts, yp + m * N, ch, buffer);
+      };
+      if (scale_kind == 0) run(fp4_kn_chunk<0>);
+      else run(fp4_kn_chunk<1>);
+    }
+  });
+}
+
+// ---- block-scaled FP4 [N, K]: a tied embedding's rows e[v], quantized along K (the LM head) ----
+// codes u8[N, K/2] (k = 2i, 2i+1 in byte i's low, high nibble), scales u8[N, K/bs], bs dividing 128 (16, 32).
+// A row's 64-byte lines (128 k each) decode as the [K, N] kernel's (fp4_pairs64), so x is laid out once in that
+// order (fp4_nk_x). y[m, v] sums, line by line in order, fma(block sums, block scale, acc) in 2 accumulators, then
+// adds them across lanes: a lane's block sum chains its pairs of the line's vectors sharing that block (2 of 4 at
+// bs = 16, all 4 at 32: fp4_nk_tile's GS), by vdpbf16ps from zero (bf16 x, exact products) or float32 FMAs; the
+// same order whatever M, the chunking or the threads. (Scaling each vector's pair sums instead took twice the
+// operations a row of x: the head at M = 16 22 ms, the bf16 one 14.)
+constexpr int64_t kFp4NkAhead = 16;  // rows of e prefetched ahead
+
+// x f32[M, K] -> per row of x, per line of 128 k, 4 vectors of 16 pairs in fp4_pairs64's order (pair 16 l + 4 j + q
+// of the line at vector j, dword 4 l + q): bf16 pairs (x_bf16), else the even k's floats then the odd k's (8 vectors).
+// Zero padded to whole lines. *line_words: 32-bit words per line (64 or 128).
+std::vector<uint32_t> fp4_nk_x(const float* x, int64_t M, int64_t K, bool x_bf16, int64_t* lines_out) {
+  const int64_t lines = (K + 127) / 128, per_line = x_bf16 ? 64 : 128;
+  std::vector<uint32_t> out(M * lines * per_line, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t t = 0; t < lines; ++t)
+      for (int p = 0; p < 64; ++p) {
+        const int64_t k = 128 * t + 2 * p;
+        const float a = k < K ? x[m * K + k] : 0.f, b = k + 1 < K ? x[m * K + k + 1] : 0.f;
+        const int slot = 16 * ((p % 16) / 4) + 4 * (p / 16) + p % 4;  // vector j = (p % 16) / 4, dword 4 l + q
+        uint32_t* line = out.data() + (m * lines + t) * per_line;
+        if (x_bf16) {
+          uint32_t ua, ub;
+          std::memcpy(&ua, &a, 4);
+          std::memcpy(&ub, &b, 4);
+          line[slot] = (ua >> 16) | (ub & 0xFFFF0000u);  // x holds bf16 values: the truncation is exact
+        } else {
+          std::memcpy(&line[slot], &a, 4);
+          std::memcpy(&line[64 + slot], &b, 4);
+        }
+      }
+  *lines_out = lines;
+  return out;
+}
+
+// Rows [v0, v0 + VT) of e against MT rows of x (xs: fp4_nk_x's, `xrow` words a row); sc: each row's decoded scales.
+// GS = min(4, bs / 8) of a line's 4 pair vectors share their lanes' blocks: their pair sums are chained, then scaled.
+template <bool kBf16X, int MT, int VT, int GS>
+void fp4_nk_tile(const uint32_t* xs, int64_t xrow, int64_t K, const uint8_t* codes, const float* sc, int64_t scrow,
+                 int64_t bs, const __m512i (&sidx)[4], float* y, int64_t N, int64_t v0, const Fp4Bf16Tables& t) {
+  const int64_t rb = K / 2, lines = (K + 127) / 128;
+  __m512 acc[MT][VT][2];
+  for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < VT; ++u) acc[i][u][0] = acc[i][u][1] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < lines; ++l) {
+    const __mmask64 mask = tail_mask64(rb - 64 * l);
+    for (int u = 0; u < VT; ++u) {
+      const uint8_t* row = codes + (v0 + u) * rb + 64 * l;
+      _mm_prefetch(reinterpret_cast<const char*>(row + kFp4NkAhead * rb), kPrefetchHint);
+      __m512bh w[4];
+      fp4_pairs64(_mm512_maskz_loadu_epi8(mask, row), t, w);
+      const __m512 blocks = _mm512_loadu_ps(sc + u * scrow + l * 128 / bs);
+      __m512 s[4 / GS];
+      for (int g = 0; g < 4 / GS; ++g) s[g] = _mm512_permutexvar_ps(sidx[g * GS], blocks);
+      for (int i = 0; i < MT; ++i) {
+        const uint32_t* xl = xs + i * xrow + l * (kBf16X ? 64 : 128);
+        for (int g = 0; g < 4 / GS; ++g) {
+          __m512 sum = _mm512_setzero_ps();
+          for (int j = g * GS; j < (g + 1) * GS; ++j) {
+            if (kBf16X) {
+              sum = _mm512_dpbf16_ps(sum, w[j], (__m512bh)_mm512_loadu_si512(xl + 16 * j));
+            } else {
+              const __m512i wi = (__m512i)w[j];
+              const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(wi, 16));
+              const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(wi, _mm512_set1_epi32(int(0xFFFF0000u))));
+              sum = _mm512_fmadd_ps(hi, _mm512_loadu_ps(reinterpret_cast<const float*>(xl + 64 + 16 * j)),
+                                    _mm512_fmadd_ps(lo, _mm512_loadu_ps(reinterpret_cast<const float*>(xl + 16 * j)),
+                                                    sum));
+            }
+          }
+          acc[i][u][g % 2] = _mm512_fmadd_ps(sum, s[g], acc[i][u][g % 2]);
+        }
+      }
+    }
   }
-  parallel_chunks(pool, (N + 63) / 64, threads, [&](int64_t c) {
-    rows_in_groups(M, [&](int64_t m, auto mt) {
-      fp4_kn_tile<decltype(mt)::value, 4>(xp + m * K, K, cp, sp, block_size, lut, N, yp + m * N, c * 64);
-    });
+  for (int i = 0; i < MT; ++i)
+    for (int u = 0; u < VT; ++u)
+      y[i * N + v0 + u] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][u][0], acc[i][u][1]));
+}
+
+// Rows [v0, v0 + rows) of e's block scales, decoded, zeros past K / bs (the tile's last line loads 16 from its first
+// block; a zero byte would decode to E8M0's subnormal 2^-127, and subnormal operands cost Zen 4 a microcode assist:
+// the head 2.4 -> 6.4 ms at M = 1, mxfp4).
+template <int kKind>
+void fp4_nk_scales(const uint8_t* scales, int64_t nb, int64_t v0, int64_t rows, float ts, float* sc, int64_t scrow) {
+  for (int64_t u = 0; u < rows; ++u)
+    for (int64_t b = 0; b < scrow; b += 16) {
+      const __mmask16 mask = tail_mask(nb - b);
+      const __m512 s = fp4_scales16<kKind>(_mm_maskz_loadu_epi8(mask, scales + (v0 + u) * nb + b), _mm512_set1_ps(ts));
+      _mm512_storeu_ps(sc + u * scrow + b, _mm512_maskz_mov_ps(mask, s));
+    }
+}
+
+void fp4_nk(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
+            int64_t bs, int64_t scale_kind, float ts, int64_t N, float* yp, bool x_bf16, int64_t threads) {
+  if (M == 0 || N == 0) return;
+  int64_t lines;
+  const std::vector<uint32_t> xs = fp4_nk_x(xp, M, K, x_bf16, &lines);
+  const int64_t xrow = lines * (x_bf16 ? 64 : 128), nb = K / bs;
+  const int64_t scrow = (nb + 16 + 15) / 16 * 16;  // a line's 16-float load from its first block stays inside
+  __m512i sidx[4];  // the scale of pair 16 l + 4 j + q of a line: block (2 (16 l + 4 j + q)) / bs of the line's
+  for (int j = 0; j < 4; ++j) {
+    alignas(64) int32_t idx[16];
+    for (int l = 0; l < 4; ++l)
+      for (int q = 0; q < 4; ++q) idx[4 * l + q] = int32_t(2 * (16 * l + 4 * j + q) / bs);
+    sidx[j] = _mm512_load_si512(idx);
+  }
+  const Fp4Bf16Tables t = fp4_bf16_tables();
+  parallel_chunks(pool, (N + kRowsPerChunk - 1) / kRowsPerChunk, threads, [&](int64_t c) {
+    const int64_t v0 = c * kRowsPerChunk, rows = std::min(kRowsPerChunk, N - v0);
+    std::vector<float> sc(rows * scrow);  // the chunk's rows' scales, decoded once whatever M
+    if (scale_kind == 0) fp4_nk_scales<0>(sp, nb, v0, rows, ts, sc.data(), scrow);
+    else fp4_nk_scales<1>(sp, nb, v0, rows, ts, sc.data(), scrow);
+    const auto run = [&](int64_t v, auto vt) {
+      rows_in_groups<2>(M, [&](int64_t m, auto mt) {
+        constexpr int MT = decltype(mt)::value, VT = decltype(vt)::value;
+        const auto pick = [&](auto gs) {
+          constexpr int GS = decltype(gs)::value;
+          return x_bf16 ? fp4_nk_tile<true, MT, VT, GS> : fp4_nk_tile<false, MT, VT, GS>;
+        };
+        const auto tile = bs >= 32 ? pick(std::integral_constant<int, 4>())
+                          : bs == 16 ? pick(std::integral_constant<int, 2>()) : pick(std::integral_constant<int, 1>());
+        tile(xs.data() + m * xrow, xrow, K, cp, sc.data() + (v - v0) * scrow, scrow, bs, sidx, yp + m * N, N, v, t);
+      });
+    };
+    int64_t v = v0;
+    for (; v + 2 <= v0 + rows; v += 2) run(v, std::integral_constant<int, 2>());
+    for (; v < v0 + rows; ++v) run(v, std::integral_constant<int, 1>());
   });
 }
 
@@ -616,9 +920,9 @@ void matmul_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
 //   K + K roundings against K + K / bs here, each <= 2^-24 of the sum of |products| so far. Same tolerance.
 // - Block scales are decoded arithmetically, not gathered (a vgatherdps per 8 columns took ~1/3 of the time):
 //   E4M3 bytes shifted into fp16 bit positions are the value times 2^-8 as an fp16, subnormals included, which
-//   vcvtph2ps widens exactly; E8M0 bytes shifted into the float32 exponent, 0 and 255 patched. Both give the
-//   handler's table values, decode_e4m3(b) * ts and decode_e8m0(b) * ts, bit for bit
-//   (tests/kernels/cpu_matmul_guard_pages.cc checks every byte), so the handler builds no table for this kernel.
+//   vcvtph2ps widens exactly; E8M0 bytes shifted into the float32 exponent, 0 and 255 patched. Both give
+//   decode_e4m3(b) * ts and decode_e8m0(b) * ts bit for bit (tests/kernels/cpu_matmul_guard_pages.cc checks every
+//   byte).
 // - Column order: the unpacks work within 128-bit lanes, so a 32-column group's 4 float32 vectors hold columns
 //   E0 = {0,2,4,6,16,18,20,22}, O0 = E0 + 1, E1 = E0 + 8, O1 = E0 + 9. The scale bytes are put in that order
 //   (vpshufb + vpermd), the sums stay in it, and the store puts them back in column order once per call.
@@ -628,7 +932,6 @@ void matmul_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
 // y[m, n] = sum over blocks in order of scale x (sum over the block's k in order of x[m, k] * e2m1[k, n]), for
 // any chunking or thread count.
 constexpr int64_t kFp4Ahead = 32;  // codes rows prefetched ahead
-constexpr bool kFp4ScaleLut = false;  // fp4_kn decodes the scale bytes itself (scale_kind, tensor scale)
 
 struct Fp4Tables {
   __m256i lo, hi;  // byte 0 and byte 1 of the bf16 E2M1 value of each code 0-15, in both 128-bit lanes
@@ -817,10 +1120,10 @@ void fp4_kn_chunk(const float* x, int64_t MX, int64_t K, const uint8_t* codes, c
 }
 
 // x_bf16 has no separate path here: without vdpbf16ps there is nothing to gain, and bf16 values are exact in
-// float32, so the float32 path computes the same products as the reference. The scale table is not used.
+// float32, so the float32 path computes the same products as the reference.
 void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
-            int64_t block_size, const float* /*lut*/, int64_t scale_kind, float ts, int64_t N, float* yp,
-            bool /*x_bf16*/, int64_t threads) {
+            int64_t block_size, int64_t scale_kind, float ts, int64_t N, float* yp, bool /*x_bf16*/,
+            int64_t threads) {
   const Fp4Tables t = fp4_tables();
   // Chunks of equal width (a multiple of 32, at most kSpan), their count a multiple of the threads.
   const int64_t nt = std::max<int64_t>(threads, 1);
@@ -835,6 +1138,38 @@ void fp4_kn(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const 
       if (scale_kind == 0) run(fp4_kn_chunk<0>);
       else run(fp4_kn_chunk<1>);
     }
+  });
+}
+
+// ---- block-scaled FP4 [N, K] (a tied embedding's rows, quantized along K: the LM head) ----
+// Row by row, 8 k a step (4 code bytes: vpsrlvd spreads their nibbles, vpermps looks up |E2M1|, the sign xored in),
+// x's products summed per block, then acc = fma(block sum, scale, acc), lanes summed at the end: whatever M, the
+// chunking or the threads. (A plain fallback: the AVX-512 kernel is the one tuned.)
+void fp4_nk(ffi::ThreadPool& pool, const float* xp, int64_t M, int64_t K, const uint8_t* cp, const uint8_t* sp,
+            int64_t bs, int64_t scale_kind, float ts, int64_t N, float* yp, bool /*x_bf16*/, int64_t threads) {
+  const __m256 magnitude = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), low4 = _mm256_set1_epi32(15);
+  const int64_t rb = K / 2, nb = K / bs;
+  parallel_chunks(pool, (N + kRowsPerChunk - 1) / kRowsPerChunk, threads, [&](int64_t c) {
+    for (int64_t v = c * kRowsPerChunk; v < std::min(N, (c + 1) * kRowsPerChunk); ++v)
+      for (int64_t m = 0; m < M; ++m) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+          __m256 blk = _mm256_setzero_ps();
+          for (int64_t k = b * bs; k < (b + 1) * bs; k += 8) {
+            int32_t word;
+            std::memcpy(&word, cp + v * rb + k / 2, 4);
+            const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), low4);
+            const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(nib, 3), 31));
+            const __m256 w = _mm256_xor_ps(_mm256_permutevar8x32_ps(magnitude, nib), sign);
+            blk = _mm256_fmadd_ps(_mm256_loadu_ps(xp + m * K + k), w, blk);
+          }
+          const int byte = sp[v * nb + b];
+          const float s = (scale_kind == 0 ? decode_e4m3(byte) : decode_e8m0(byte)) * ts;
+          acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(s), acc);
+        }
+        yp[m * N + v] = hsum(acc);
+      }
   });
 }
 
@@ -859,21 +1194,23 @@ ffi::Error WeightMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::B
   return ffi::Error::Success();
 }
 
-ffi::Error Fp4MatmulKn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
-                       ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
-                       ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind,
-                       int64_t x_bf16, int64_t threads) {
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[1];
-  if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[0] * 2 != K ||
-      scales.dimensions()[0] * block_size != K || scales.dimensions()[1] != N)
-    return ffi::Error::InvalidArgument("fp4_matmul_kn: shapes do not fit the block size");
-  // Block scale times tensor scale, as the reference multiplies them before the values.
-  float lut[256];
-  const float ts = *tensor_scale.typed_data();
-  if (kFp4ScaleLut)  // the AVX-512 kernel gathers from it; the AVX2 one decodes the bytes itself
-    for (int b = 0; b < 256; ++b) lut[b] = (scale_kind == 0 ? decode_e4m3(b) : decode_e8m0(b)) * ts;
-  fp4_kn(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size, lut, scale_kind, ts, N,
-         y->typed_data(), x_bf16 != 0, threads);
+// y = x @ dequant(w): kNK false: codes u8[K/2, N], scales u8[K/bs, N]; kNK: w [N, K] quantized along K (a tied
+// embedding read as the LM head), codes u8[N, K/2], scales u8[N, K/bs], bs a divisor of 128 from 8 up.
+template <bool kNK>
+ffi::Error Fp4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
+                     ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
+                     ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind, int64_t x_bf16,
+                     int64_t threads) {
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[kNK ? 0 : 1];
+  const int kk = kNK ? 1 : 0;  // the axis of K in codes and scales
+  if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[kk] * 2 != K ||
+      scales.dimensions()[kk] * block_size != K || scales.dimensions()[1 - kk] != N ||
+      (kNK && (block_size < 8 || 128 % block_size)))
+    return ffi::Error::InvalidArgument(std::string("fp4_matmul_") + (kNK ? "nk" : "kn") +
+                                       ": shapes do not fit the block size");
+  // The kernels decode the scale bytes to block scale times tensor scale, as the reference multiplies them.
+  (kNK ? fp4_nk : fp4_kn)(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size,
+                          scale_kind, *tensor_scale.typed_data(), N, y->typed_data(), x_bf16 != 0, threads);
   return ffi::Error::Success();
 }
 
@@ -954,15 +1291,19 @@ JAXSERVE_F32_GEMM(jaxserve_f32_gemm_nk, true)
 // OpenBLAS's cblas_sgemm (any symbol prefix), set once by build.load_blas before the gemm handlers run.
 extern "C" void jaxserve_set_sgemm(void* fn) { g_sgemm.store(reinterpret_cast<Sgemm>(fn)); }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_matmul_kn, Fp4MatmulKn,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Matrix>()
-                                  .Arg<U8Matrix>()
-                                  .Arg<U8Matrix>()
-                                  .Arg<F32Scalar>()
-                                  .Ret<F32Matrix>()
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("scale_kind")
-                                  .Attr<int64_t>("x_bf16")
-                                  .Attr<int64_t>("threads"));
+#define JAXSERVE_FP4_MATMUL(name, nk)                                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Fp4Matmul<nk>,                                               \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Arg<U8Matrix>()                                               \
+                                    .Arg<U8Matrix>()                                               \
+                                    .Arg<F32Scalar>()                                              \
+                                    .Ret<F32Matrix>()                                              \
+                                    .Attr<int64_t>("block_size")                                   \
+                                    .Attr<int64_t>("scale_kind")                                   \
+                                    .Attr<int64_t>("x_bf16")                                       \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_FP4_MATMUL(jaxserve_fp4_matmul_kn, false)
+JAXSERVE_FP4_MATMUL(jaxserve_fp4_matmul_nk, true)

@@ -7,7 +7,8 @@ at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot s
 - ``bf16_matmul(x f32/bf16[M, K], w bf16[K, N]) -> f32[M, N]``; ``transpose_w=True``: w bf16[N, K]
   (a tied embedding read as the LM head).
 - ``f32_matmul(x f32[M, K], w f32[K, N]) -> f32[M, N]``, ``transpose_w`` likewise: float32 FMAs, x as it is.
-- ``fp4_matmul_cpu(x [..., K], w QuantizedTensor nvfp4/mxfp4 [K, N] along K) -> [..., N]``.
+- ``fp4_matmul_cpu(x [..., K], w QuantizedTensor nvfp4/mxfp4 [K, N] along K) -> [..., N]``; w [N, K] along K
+  (axis 1): x @ w^T (a quantized tied embedding as the LM head).
 - ``f32_gemm(x f32[M, K], w f32[K, N])``, ``transpose_w`` likewise: the same product for many rows (batched decode,
   prefill), by OpenBLAS's sgemm (``build.load_blas``), where XLA:CPU's float32 dot is compute-bound and slower.
 
@@ -130,31 +131,33 @@ def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
 
 
 def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
-    """x f32/bf16/f16[..., K] @ w (QuantizedTensor, fmt nvfp4/mxfp4, shape [K, N], axis 0) -> out_dtype[..., N].
+    """x f32/bf16/f16[..., K] @ w -> out_dtype[..., N]: w a QuantizedTensor (fmt nvfp4/mxfp4) of shape [K, N]
+    quantized along K (axis 0), or of shape [N, K] quantized along K (axis 1: a tied embedding read as the LM head,
+    x @ w^T; block sizes dividing 128).
 
     The codes are decoded to their exact E2M1 values and the scale bytes to exactly the scales
     ``dequantize(w)`` uses; sums in float32 (``fp4_matmul_reference`` up to rounding and summation order:
     with AVX-512, float32 x multiplies the dequantized weight and bf16 x is summed per block with exact bf16
-    products, then scaled; with AVX2, any x is summed per block, then scaled). out_dtype defaults to x's
-    dtype."""
+    products, then scaled; with AVX2, any x is summed per block, then scaled; [N, K]: AVX-512 sums pairs of
+    products, then scales them). out_dtype defaults to x's dtype."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)
     if not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS:
         raise ValueError(f"fp4_matmul_cpu needs an nvfp4/mxfp4 QuantizedTensor, got {getattr(w, 'fmt', type(w))!r}")
-    if len(w.shape) != 2 or w.axis != 0:
-        raise ValueError(f"fp4_matmul_cpu needs a 2-D weight quantized along axis 0, got shape {w.shape} "
-                         f"axis {w.axis}")
-    if x.ndim < 1 or x.shape[-1] != w.shape[0]:
-        raise ValueError(f"fp4_matmul_cpu: x{x.shape} does not contract with w{w.shape}")
+    if len(w.shape) != 2 or w.axis not in (0, 1) or (w.axis == 1 and 128 % w.block_size):
+        raise ValueError(f"fp4_matmul_cpu needs a 2-D weight quantized along axis 0, or along axis 1 in blocks "
+                         f"dividing 128, got shape {w.shape} axis {w.axis} block size {w.block_size}")
+    k, n = w.shape[::-1] if w.axis == 1 else w.shape
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"fp4_matmul_cpu: x{x.shape} does not contract with w{w.shape} (axis {w.axis})")
     if build.load() is None:
         raise RuntimeError("fp4_matmul_cpu: the CPU kernels are unavailable (see the logged warning)")
     scales = w.scales
     if scales.dtype != jnp.uint8:  # nvfp4 stores float8_e4m3fn; the kernel decodes the raw bytes
         scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
-    call = jax.ffi.ffi_call("jaxserve_fp4_matmul_kn",
-                            jax.ShapeDtypeStruct((x.size // x.shape[-1], w.shape[1]), jnp.float32),
-                            vmap_method="sequential")
-    y = call(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w.data, scales,
+    call = jax.ffi.ffi_call(f"jaxserve_fp4_matmul_{'nk' if w.axis == 1 else 'kn'}",
+                            jax.ShapeDtypeStruct((x.size // k, n), jnp.float32), vmap_method="sequential")
+    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, scales,
              jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
              scale_kind=FP4_FORMATS[w.fmt], x_bf16=int(x.dtype == jnp.bfloat16), threads=threads or default_threads())
-    return y.reshape(*x.shape[:-1], w.shape[1]).astype(out_dtype or x.dtype)
+    return y.reshape(*x.shape[:-1], n).astype(out_dtype or x.dtype)
