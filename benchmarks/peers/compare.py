@@ -41,6 +41,9 @@ from jaxserve.bench.throughput import load_model, machine, timed_runs
 from jaxserve.bench.workload import make_workload
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# environment variables that change what a backend runs, written into the recorded command when set
+RECORDED_ENV = ("JAXSERVE_LLAMACPP_EXTRA_BUFTS", "JAXSERVE_CPU_KERNELS", "JAXSERVE_CPU_ATTENTION", "JAXSERVE_CPU_BLAS",
+                "JAXSERVE_CPU_KERNEL_THREADS")
 
 
 def workloads(names: list[str], vocab: int, max_model_len: int, scale: float, seed: int) -> dict:
@@ -142,7 +145,8 @@ def main(argv=None) -> int:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=REPO).stdout.strip()
     result = {"meta": {"benchmark": "peer_throughput",
-                       "command": "python benchmarks/peers/compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       "command": "".join(f"{k}={os.environ[k]} " for k in RECORDED_ENV if k in os.environ)
+                       + "python benchmarks/peers/compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "machine": machine(), "git_commit": commit + ("+dirty" if dirty else ""),
                        "load_average": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",

@@ -11,6 +11,7 @@ once (``llama_memory_seq_rm``) and frees its slot for the next request.
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 
@@ -23,6 +24,9 @@ def load(args):
     import llama_cpp as L
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
+    # JAXSERVE_LLAMACPP_EXTRA_BUFTS=0: no repacked (AMX, CPU_REPACK) weight buffers; the vendored 0.3.36 build
+    # segfaults in its AMX Q4_0 path on a Sapphire-Rapids-class Xeon (2026-12-04)
+    mparams.use_extra_bufts = os.environ.get("JAXSERVE_LLAMACPP_EXTRA_BUFTS", "1") != "0"
     model = L.llama_model_load_from_file(args.model.encode(), mparams)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {args.model}")
