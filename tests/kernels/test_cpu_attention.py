@@ -4,7 +4,6 @@
 Kernel tests skip where the kernels cannot be built; the routing-off test runs everywhere.
 """
 import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ from jaxserve.kernels.cpu import attention as ca
 from jaxserve.kernels.cpu import build
 from jaxserve.models.attention_backends import attention_backend
 from pallas_kernels import paged_attention as pa
+from tests.kernels.guard_harness import build_harness
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or build.load() is None,
                                    reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
@@ -182,10 +182,7 @@ def test_guard_pages(tmp_path):
     """attention.cc with every page no query sees, and the memory after the tables, q and the output, on PROT_NONE
     pages (cpu_attention_guard_pages.cc): a read outside the visible pages faults; the outputs are checked against a
     double-precision reference too."""
-    exe = tmp_path / "guard_pages"
-    cmd = [build.compiler(), "-O2", "-march=native", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
-           f"-I{build.SOURCE_DIR}", str(Path(__file__).with_name("cpu_attention_guard_pages.cc")), "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    exe = build_harness("cpu_attention_guard_pages.cc", tmp_path)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"rc {proc.returncode} {proc.stdout} {proc.stderr}"
 

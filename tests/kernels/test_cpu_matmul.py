@@ -6,7 +6,6 @@ fallback tests run everywhere.
 import logging
 import re
 import subprocess
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -18,6 +17,7 @@ from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.layers import dense_dot, dot_via, tied_logits
 from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize
+from tests.kernels.guard_harness import build_harness
 
 needs_kernels = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None,
                                    reason=f"CPU kernels unavailable: {build.unavailable_reason()}")
@@ -185,10 +185,7 @@ def test_invalid_inputs_raise_value_errors():
 def test_kernels_stay_inside_their_buffers(tmp_path):
     """matmul.cc's kernels on buffers flush against PROT_NONE pages (tails in N and K, K below one vector):
     any read or write outside a buffer faults; the results are checked too (cpu_matmul_guard_pages.cc)."""
-    exe = tmp_path / "guard_pages"
-    cmd = [build.compiler(), "-O2", "-march=native", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
-           f"-I{build.SOURCE_DIR}", str(Path(__file__).with_name("cpu_matmul_guard_pages.cc")), "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    exe = build_harness("cpu_matmul_guard_pages.cc", tmp_path)
     for where in ("back", "front"):
         proc = subprocess.run([str(exe), where], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{where}: rc {proc.returncode} {proc.stdout} {proc.stderr}"
