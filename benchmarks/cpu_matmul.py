@@ -10,7 +10,8 @@ Reported: median microseconds per matmul, the weight bytes read per second (GB/s
 Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul``), blas_f32_t<threads>
 (``f32_gemm``: OpenBLAS sgemm, one OpenBLAS thread, N split over <threads> XLA pool threads), blas_f32_ob2 (``f32_gemm``
 with threads=1 and OpenBLAS's own 2 threads), xla_bf16
-(``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>, and with
+(``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>,
+amx_bf16_t<threads> (``bf16_gemm``: AMX tiles, on a CPU that has them), and with
 --fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads> (the tied head:
 quantized along K, ``fp4_matmul_cpu``'s [N, K] kernel). --paths keeps those
 whose name starts with one of its prefixes.
@@ -88,6 +89,8 @@ def main():
             paths[f"kernel_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_matmul(x, w, transpose_w=head, threads=t), 4)
             paths[f"blas_f32_t{t}"] = (wf, lambda x, w, t=t: cpu.f32_gemm(x, w, transpose_w=head, threads=t), 4)
             paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
+            if cpu.amx_usable():
+                paths[f"amx_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_gemm(x, w, transpose_w=head, threads=t), 2)
         paths["blas_f32_ob2"] = (wf, lambda x, w: cpu.f32_gemm(x, w, transpose_w=head, threads=1), 4)
         if a.fp4:  # the head: the tied embedding quantized along K (axis 1), read by the [N, K] kernel
             for fmt in a.fp4.split(","):

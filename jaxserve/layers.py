@@ -19,6 +19,18 @@ _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that mod
 #   tied head [49152,576]^T   M=1 4550 / 4741 M=2 8639 / 4828 M=5 9357 / 5383 M=16 13447 / 8807
 # (An earlier set, on a quieter machine: tied head M=1 3226 / 3815, M=2 8143 / 4186.)
 _CPU_F32_MIN_ROWS = 2
+# Fewest rows a bf16 weight goes to the AMX GEMM (jaxserve.kernels.cpu.bf16_gemm) with, on a CPU with AMX tiles: a
+# Dense kernel [K, N] / a tied embedding [N, K] read as the head. Fewer rows stay with bf16_matmul (vdpbf16ps), which
+# streams the weights without packing them into tiles. Medians of 7 interleaved calls, 2 threads, on the 2-core Xeon
+# VM (AMX, idle), `benchmarks/cpu_matmul.py --m 4,9,64 --threads 2 --fp4 "" --paths xla_bf16,kernel_bf16,amx_bf16
+# --shapes 0,2,3,4`, us, XLA's dot / bf16_matmul / bf16_gemm:
+#   q/o [576,576]            M=4 72 / 44 / 61        M=9 71 / 73 / 65        M=64 179 / 386 / 149
+#   gate/up [576,1536]       M=4 110 / 85 / 103      M=9 135 / 143 / 129     M=64 249 / 833 / 272
+#   down [1536,576]          M=4 136 / 97 / 145      M=9 122 / 161 / 120     M=64 310 / 828 / 302
+#   tied head [49152,576]^T  M=4 22266 / 3249 / 2151 M=9 24831 / 5130 / 2331 M=64 28231 / 26334 / 5241
+# (M=1: bf16_matmul 36 / 54 / 61 / 2225 us, bf16_gemm 59 / 81 / 129 / 2123.) The head's tiles are read straight from
+# the embedding; a [K, N] kernel is packed into tiles first, which costs as much as XLA's dot at 64 rows.
+_CPU_AMX_MIN_ROWS = {0: 8, 1: 2}  # by the axis of K in the weight
 # Above _CPU_MAX_ROWS float32 layers go to OpenBLAS's sgemm (jaxserve.kernels.cpu.f32_gemm, N split over 2 threads).
 # Medians of 5 interleaved calls, `benchmarks/cpu_matmul.py --threads 1,2 --paths xla_f32,blas`, on the 2-core Zen 4
 # (AVX2) shared with other jobs (load average 3.2-3.7 for q/o and k/v, 5-9 for the rest: far below an idle machine's
@@ -49,13 +61,17 @@ def dot_via(matmul_dtype):
 
     On CPU, with bfloat16 operands, up to 16 rows (decoding) go to ``jaxserve.kernels.cpu.bf16_matmul``
     instead (an XLA FFI call reading the bf16 kernel as stored, the same operands and float32 sums;
-    ``JAXSERVE_CPU_KERNELS=0`` turns it off); more rows keep XLA's dot.
+    ``JAXSERVE_CPU_KERNELS=0`` turns it off); on a CPU with AMX tiles, from ``_CPU_AMX_MIN_ROWS`` rows up to
+    ``jaxserve.kernels.cpu.bf16_gemm`` (the same operands on AMX; ``JAXSERVE_CPU_AMX=0`` turns only it off); more
+    rows elsewhere keep XLA's dot.
     """
     def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
         del preferred_element_type
         out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
-        if jnp.dtype(matmul_dtype) == jnp.bfloat16 and _cpu_kernel_rows(lhs, rhs, dimension_numbers):
-            return _cpu_matmul(lhs, rhs.astype(jnp.bfloat16), False).astype(out_dtype)
+        if jnp.dtype(matmul_dtype) == jnp.bfloat16:
+            route = _cpu_route(lhs, rhs.astype(jnp.bfloat16), dimension_numbers)
+            if route:
+                return _cpu_matmul(lhs, rhs.astype(jnp.bfloat16), False, route).astype(out_dtype)
         rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
         if rows == 1:
             lhs = jnp.concatenate([lhs, lhs])
@@ -75,43 +91,44 @@ def f32_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
     measurements at ``_CPU_F32_MIN_ROWS``; above 16 rows it is compute-bound, and slower than OpenBLAS: see
     the measurements below it."""
     if lhs.dtype == rhs.dtype == jnp.float32:
-        route = _cpu_route(lhs, rhs, dimension_numbers, min_rows=_CPU_F32_MIN_ROWS, blas=True)
+        route = _cpu_route(lhs, rhs, dimension_numbers)
         if route:
-            return _cpu_matmul(lhs, rhs, False, blas=route == "blas")
+            return _cpu_matmul(lhs, rhs, False, route)
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type)
 
 
-def _cpu_kernel_rows(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int = 1) -> bool:
-    """Whether ``lhs[..., K] @ rhs`` (rhs [K, N], or [N, K] for k_axis=1) goes to the CPU kernel: few rows
-    (decoding: ``min_rows`` to ``jaxserve.kernels.cpu.MAX_ROWS``), a plain 2-D weight, and the kernels usable here."""
-    return _cpu_route(lhs, rhs, dimension_numbers, k_axis, min_rows) == "kernel"
-
-
-def _cpu_route(lhs, rhs, dimension_numbers, k_axis: int = 0, min_rows: int = 1, blas: bool = False) -> str | None:
-    """Where ``lhs[..., K] @ rhs`` goes on CPU (``_cpu_kernel_rows``): "kernel" for ``min_rows`` to
-    ``MAX_ROWS`` rows; with ``blas`` (float32 operands) "blas" above ``MAX_ROWS`` where OpenBLAS is usable
-    (``jaxserve.kernels.cpu.blas_usable``); else None (XLA's dot)."""
+def _cpu_route(lhs, rhs, dimension_numbers, k_axis: int = 0) -> str | None:
+    """Where ``lhs[..., K] @ rhs`` (rhs a plain 2-D bf16 or float32 weight, [K, N], or [N, K] for k_axis=1) goes on
+    CPU: "amx" (bf16, ``_CPU_AMX_MIN_ROWS`` rows or more, ``jaxserve.kernels.cpu.amx_usable``), "kernel" (bf16 up to
+    ``MAX_ROWS`` rows; float32 from ``_CPU_F32_MIN_ROWS`` to ``MAX_ROWS``), "blas" (float32 above ``MAX_ROWS``,
+    ``jaxserve.kernels.cpu.blas_usable``), or None: XLA's dot."""
     if rhs.ndim != 2 or lhs.ndim < 1 or dimension_numbers != (((lhs.ndim - 1,), (k_axis,)), ((), ())):
         return None
     rows = math.prod(lhs.shape[:-1])
-    if rows < min_rows or (rows > _CPU_MAX_ROWS and not blas):
+    if rhs.dtype not in (jnp.bfloat16, jnp.float32):
         return None
     from jaxserve.kernels import cpu  # imported on first use: it may build the library
+    if rhs.dtype == jnp.bfloat16:
+        if rows >= _CPU_AMX_MIN_ROWS[k_axis] and cpu.amx_usable():
+            return "amx"
+        return "kernel" if rows <= _CPU_MAX_ROWS and cpu.usable() else None
+    if rows < _CPU_F32_MIN_ROWS:
+        return None
     if rows <= _CPU_MAX_ROWS:
         return "kernel" if cpu.usable() else None
     return "blas" if cpu.blas_usable() else None
 
 
-def _cpu_matmul(x, w, transpose_w: bool, blas: bool = False):
-    """x[..., K] @ w (w [K, N], transpose_w: [N, K]) -> f32[..., N], float32 sums. bf16 w: x rounded to bf16 first
-    (the operands XLA's bf16 dot multiplies); float32 w: x as it is (``blas``: by OpenBLAS's sgemm)."""
-    from jaxserve.kernels.cpu import bf16_matmul, f32_gemm, f32_matmul
+def _cpu_matmul(x, w, transpose_w: bool, route: str):
+    """x[..., K] @ w (w [K, N], transpose_w: [N, K]) -> f32[..., N], float32 sums, by ``_cpu_route``'s route. bf16 w:
+    x rounded to bf16 first (the operands XLA's bf16 dot multiplies); float32 w: x as it is."""
+    from jaxserve.kernels.cpu import bf16_gemm, bf16_matmul, f32_gemm, f32_matmul
     n = w.shape[0] if transpose_w else w.shape[1]
     x2 = x.reshape(-1, x.shape[-1])
     if w.dtype == jnp.bfloat16:
-        y = bf16_matmul(x2.astype(jnp.bfloat16), w, transpose_w=transpose_w)
+        y = (bf16_gemm if route == "amx" else bf16_matmul)(x2.astype(jnp.bfloat16), w, transpose_w=transpose_w)
     else:
-        y = (f32_gemm if blas else f32_matmul)(x2, w, transpose_w=transpose_w)
+        y = (f32_gemm if route == "blas" else f32_matmul)(x2, w, transpose_w=transpose_w)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -121,11 +138,9 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
     (bf16: without a float32 copy), and more rows of a float32 one to OpenBLAS's sgemm (as ``f32_dot``'s)."""
     e = embed.embedding  # (a QuantizedTensor under use_quantized_matmul goes to its attend: jaxserve.quant.matmul)
     if isinstance(e, jax.Array) and e.dtype == jnp.dtype(embed.dtype) and e.dtype in (jnp.bfloat16, jnp.float32):
-        f32 = e.dtype == jnp.float32
-        route = _cpu_route(x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1,
-                           min_rows=_CPU_F32_MIN_ROWS if f32 else 1, blas=f32)
+        route = _cpu_route(x, e, (((x.ndim - 1,), (1,)), ((), ())), k_axis=1)
         if route:
-            return _cpu_matmul(x.astype(e.dtype), e, True, blas=route == "blas").astype(embed.dtype)
+            return _cpu_matmul(x.astype(e.dtype), e, True, route).astype(embed.dtype)
     return embed.attend(x)
 
 

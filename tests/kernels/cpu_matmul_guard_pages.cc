@@ -18,20 +18,9 @@
 
 namespace {
 
+using guard_pages::from_bf16;
 using guard_pages::guarded;
-
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
-}
+using guard_pages::to_bf16;
 
 double g_worst = 0;  // max |y - reference| / sum |products| over all outputs
 int64_t g_outputs = 0;

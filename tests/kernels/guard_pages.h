@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace guard_pages {
 
@@ -40,6 +41,20 @@ inline void forbid(const void* p, size_t bytes) {
     std::perror("mprotect");
     std::exit(2);
   }
+}
+
+// bf16 bits <-> float, for the references of the bf16 kernels.
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
 }
 
 }  // namespace guard_pages

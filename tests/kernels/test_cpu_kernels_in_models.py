@@ -62,13 +62,20 @@ def test_bf16_zoo_model_greedy_tokens_equal_with_and_without_kernel(monkeypatch)
     _assert_greedy_agrees(on, off)
 
 
-def test_bf16_tied_head_forward_matches_xla(monkeypatch):
+@pytest.mark.parametrize("kernel", ["bf16_matmul", "bf16_gemm"])
+def test_bf16_tied_head_forward_matches_xla(monkeypatch, kernel):
+    """12 rows: the streaming kernel (AMX off), or on a CPU with AMX tiles the AMX GEMM (every Dense layer and the
+    head), against XLA's dot."""
+    if kernel == "bf16_gemm" and not cpu.amx_usable():
+        pytest.skip("no AMX-BF16 tiles on this CPU")
+    if kernel == "bf16_matmul":
+        monkeypatch.setenv(cpu.AMX_SWITCH, "0")
     config = get_preset("tiny-qwen3").replace(dtype="bfloat16")
     assert config.tie_word_embeddings
     params = init_params(config, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, config.vocab_size)
     on, off = _run_both(monkeypatch, lambda: jax.jit(forward_full, static_argnums=1)(params, config, tokens),
-                        cpu_pkg, "bf16_matmul")
+                        cpu_pkg, kernel)
     # bf16 activations: each layer rounds its outputs to bf16, so sums in another order may flip a last bit
     np.testing.assert_allclose(np.asarray(on), np.asarray(off), atol=2e-2 * float(jnp.max(jnp.abs(off))))
 

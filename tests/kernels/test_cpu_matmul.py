@@ -196,7 +196,8 @@ def _custom_calls(fn, *args, target="jaxserve_bf16_matmul"):
 
 
 @needs_kernels
-def test_dot_via_routes_few_bf16_rows_to_the_kernel_and_many_to_xla():
+def test_dot_via_routes_few_bf16_rows_to_the_kernel_and_many_to_xla(monkeypatch):
+    monkeypatch.setenv(cpu.AMX_SWITCH, "0")  # (on a CPU with AMX tiles 8 rows and more go there: test_cpu_amx.py)
     rng = np.random.default_rng(4)
     w = jnp.asarray(rng.standard_normal((64, 48)), jnp.bfloat16)
     dot = lambda x: dot_via(jnp.bfloat16)(x, w, DN)  # noqa: E731

@@ -1,7 +1,7 @@
-"""CPU kernels as XLA FFI custom calls, compiled on first use by ``build``: weight-only matmuls (``matmul.cc``) and
+"""CPU kernels as XLA FFI custom calls, compiled on first use by ``build``: weight-only matmuls (``matmul.cc``), bf16 GEMMs on AMX tiles (``amx.cc``) and
 paged attention (``attention.cc``, in ``jaxserve.kernels.cpu.attention``)."""
-from jaxserve.kernels.cpu.matmul import (MAX_ROWS, bf16_matmul, bf16_matmul_reference, blas_usable, enabled,
+from jaxserve.kernels.cpu.matmul import (MAX_ROWS, amx_usable, bf16_gemm, bf16_matmul, bf16_matmul_reference, blas_usable, enabled,
                                          f32_gemm, f32_matmul, fp4_matmul_cpu, usable)
 
-__all__ = ["MAX_ROWS", "bf16_matmul", "bf16_matmul_reference", "blas_usable", "enabled", "f32_gemm", "f32_matmul",
+__all__ = ["MAX_ROWS", "amx_usable", "bf16_gemm", "bf16_matmul", "bf16_matmul_reference", "blas_usable", "enabled", "f32_gemm", "f32_matmul",
            "fp4_matmul_cpu", "usable"]

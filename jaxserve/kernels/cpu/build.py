@@ -1,4 +1,4 @@
-"""Compiling the CPU kernels (``matmul.cc``, ``attention.cc`` and their shared ``parallel.h``) once per machine
+"""Compiling the CPU kernels (``matmul.cc``, ``attention.cc``, ``amx.cc`` and their shared ``parallel.h``) once per machine
 into one library, ``jaxserve_cpu_kernels.so``, and registering its handlers as XLA FFI targets.
 
 The shared library is built on first use with the system C++ compiler against the jaxlib headers
@@ -10,7 +10,8 @@ temporary name and renamed into place: concurrent processes (pytest -n 2) never 
 
 ``matmul.cc`` holds two implementations of the matmuls, chosen by the compiler's target: AVX-512 (F, BW
 and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``); ``attention.cc`` is written once,
-with the compiler's vector extensions, for both. Anything missing (not
+with the compiler's vector extensions, for both; ``amx.cc``'s bf16 GEMMs are compiled where the compiler targets AMX-BF16
+(else their handlers report an error, and ``jaxserve_amx_enable`` 0: ``matmul.amx_usable``). Anything missing (not
 Linux/x86 with AVX-512 F+BW or AVX2+FMA, no compiler, a failed build or load) makes ``load()`` return
 None after one logged warning; callers then keep XLA's dot.
 
@@ -38,12 +39,12 @@ import jax
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc")
+SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc", SOURCE_DIR / "amx.cc")
 HEADERS = (SOURCE_DIR / "parallel.h",)
 LIBRARY = "jaxserve_cpu_kernels.so"
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
            "jaxserve_fp4_matmul_kn", "jaxserve_fp4_matmul_nk", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk",
-           "jaxserve_paged_attention")
+           "jaxserve_bf16_gemm_kn", "jaxserve_bf16_gemm_nk", "jaxserve_paged_attention")
 # /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU
 # without avx512_bf16 builds the AVX2 kernels: every AVX-512 CPU has AVX2 and FMA too.)
 CPU_FLAG_SETS = {"AVX-512": ("avx512f", "avx512bw"), "AVX2+FMA": ("avx2", "fma")}

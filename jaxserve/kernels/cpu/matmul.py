@@ -11,6 +11,8 @@ at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot s
   (axis 1): x @ w^T (a quantized tied embedding as the LM head).
 - ``f32_gemm(x f32[M, K], w f32[K, N])``, ``transpose_w`` likewise: the same product for many rows (batched decode,
   prefill), by OpenBLAS's sgemm (``build.load_blas``), where XLA:CPU's float32 dot is compute-bound and slower.
+- ``bf16_gemm(x, w bf16[K, N])``, ``transpose_w`` likewise: ``bf16_matmul``'s product for many rows on Intel AMX tiles
+  (``amx.cc``), where the CPU has them (``amx_usable()``; ``JAXSERVE_CPU_AMX=0`` turns only it off).
 
 ``usable()`` says whether to route to them at trace time: the CPU backend with one device (XLA
 cannot partition a custom call over a mesh), the library built and loaded (``build.load``), and
@@ -34,6 +36,7 @@ MAX_ROWS = 16
 ENV_SWITCH = "JAXSERVE_CPU_KERNELS"
 ENV_THREADS = "JAXSERVE_CPU_KERNEL_THREADS"
 BLAS_SWITCH = "JAXSERVE_CPU_BLAS"
+AMX_SWITCH = "JAXSERVE_CPU_AMX"
 FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # -> the kernel's scale_kind (E4M3 / E8M0 scale bytes)
 
 
@@ -52,6 +55,18 @@ def blas_usable() -> bool:
     """Whether traced float32 matmuls of many rows should go to ``f32_gemm`` now: ``usable()``, ``JAXSERVE_CPU_BLAS``
     not 0/off/false/no, and OpenBLAS loaded."""
     return usable() and enabled(BLAS_SWITCH) and build.load_blas() is not None
+
+
+def amx_usable() -> bool:
+    """Whether traced bf16 matmuls of many rows should go to ``bf16_gemm`` (AMX tiles) now: ``usable()``,
+    ``JAXSERVE_CPU_AMX`` not 0/off/false/no, a library built for a CPU with AMX-BF16, and Linux granting the process
+    the tile state (asked once)."""
+    return usable() and enabled(AMX_SWITCH) and _amx_granted()
+
+
+@functools.lru_cache(maxsize=None)
+def _amx_granted() -> bool:
+    return bool(build.load().jaxserve_amx_enable())
 
 
 def default_threads() -> int:
@@ -94,6 +109,13 @@ def f32_gemm(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: 
     return _weight_matmul("f32_gemm", jnp.float32, x, w, transpose_w, threads, op="gemm")
 
 
+def bf16_gemm(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
+    """``bf16_matmul`` on Intel AMX tiles (``amx.cc``), for many rows: x rounded to bf16, float32 sums of the k in
+    order (one rounding per product pair, as ``bf16_matmul``, but the even product of a pair added first). Needs
+    ``amx_usable()``. Differentiable and vmappable as ``bf16_matmul``."""
+    return _weight_matmul("bf16_gemm", jnp.bfloat16, x, w, transpose_w, threads, op="gemm")
+
+
 def _weight_matmul(name, w_dtype, x, w, transpose_w, threads, op="matmul"):
     x, w = jnp.asarray(x), jnp.asarray(w)
     _check_2d(name, x, w, 1 if transpose_w else 0)
@@ -101,7 +123,9 @@ def _weight_matmul(name, w_dtype, x, w, transpose_w, threads, op="matmul"):
         raise ValueError(f"{name}: w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
     if build.load() is None:
         raise RuntimeError(f"{name}: the CPU kernels are unavailable (see the logged warning)")
-    if op == "gemm" and build.load_blas() is None:
+    if op == "gemm" and w_dtype == jnp.bfloat16 and not _amx_granted():
+        raise RuntimeError(f"{name}: AMX tiles are unavailable (a CPU without AMX-BF16, or Linux refused them)")
+    if op == "gemm" and w_dtype == jnp.float32 and build.load_blas() is None:
         raise RuntimeError(f"{name}: OpenBLAS is unavailable (see the logged warning)")
     return _matmul(x.astype(jnp.float32), w, transpose_w, threads or default_threads(), op)
 

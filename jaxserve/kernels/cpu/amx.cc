@@ -1,0 +1,372 @@
+// bf16 GEMMs on Intel AMX tiles, for many rows of x (batched decode, verify rounds, prefill), as XLA FFI handlers:
+//
+//   jaxserve_bf16_gemm_kn: y f32[M, N] = bf16(x f32[M, K]) @ w bf16[K, N]     (a Dense kernel)
+//   jaxserve_bf16_gemm_nk: y f32[M, N] = bf16(x f32[M, K]) @ e bf16[N, K]^T   (a tied embedding as the LM head)
+//   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
+//
+// TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
+// side by side: "VNNI"), into a 16 x 16 float32 tile C: C[i][j] += A[i][2p] B[2p][j], then += A[i][2p+1] B[2p+1][j],
+// each product exact and each sum rounded to nearest even (inputs and outputs denormal-flushed). So y[m, n] sums the
+// k in order, one pair at a time, whatever M, the blocking or the threads: the same for a row alone or in a batch.
+// The vdpbf16ps kernels of matmul.cc add each pair's odd product first: results agree to float32 rounding, not bits.
+//
+// Tiles (one configuration, every tile 16 rows x 64 bytes): C 0-3 (a 2 x 2 block of 32 x 32 outputs), A 4-5, B 6-7.
+// _kn: A is x (converted once, rows padded to whole tiles), B the weights, packed per 256-column chunk into pairs
+//      (vpermt2w of rows 2p and 2p + 1) in a buffer that stays in L2 while every row block of x passes over it; each
+//      thread packs its next chunk in slices between the blocks of the current one (kn_columns).
+// _nk: the roles swap, so that the big operand is read as stored: A is e (16 rows of a tied embedding, 32 k, loaded
+//      straight from memory), B is x transposed into pairs (built once); C holds y^T, transposed into y per work chunk.
+// One 2 x 2 block of C loads 2 A and 2 B tiles for 4 TDPBF16PS. Work is split into column chunks (rows of e) over
+// XLA's intra-op pool (parallel.h); every thread loads the tile configuration before its chunks and releases the
+// tiles after (a thread holding tile state makes every context switch save 8 KB more).
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+#include "parallel.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+constexpr bool kBuiltWithAmx = true;
+
+constexpr int64_t kTileRows = 16;    // rows of every tile
+constexpr int64_t kTileK = 32;       // bf16 k per A row (64 bytes)
+constexpr int64_t kKnChunk = 256;    // columns of w a _kn work chunk packs at once (K x 512 bytes: L2)
+constexpr int64_t kNkChunk = 256;    // rows of e per _nk work chunk
+constexpr int64_t kPackAhead = 16;   // rows of w prefetched ahead while packing
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void load_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// This thread's scratch buffer number kSlot, of at least n T, 64-byte aligned, kept between calls: allocating them per
+// call cost page faults on every call (glibc maps big blocks afresh). Tile rows must not straddle cache lines: a tile
+// loaded from malloc's 16-byte alignment took 3x as long per TDPBF16PS (18 against 6 ns on the Xeon VM).
+template <class T, int kSlot>
+T* scratch(int64_t n) {
+  thread_local std::unique_ptr<T[]> buffer;
+  thread_local int64_t capacity = -1;
+  if (capacity < n) {
+    buffer.reset(new T[n + 64 / sizeof(T)]);
+    capacity = n;
+  }
+  return reinterpret_cast<T*>(round_up(reinterpret_cast<intptr_t>(buffer.get()), 64));
+}
+enum Slot { kXa, kXt, kPacked0, kPacked1, kYt, kCopy };
+
+inline __mmask16 mask16(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(left, 0)) - 1);
+}
+
+inline __mmask32 mask32(int64_t left) {
+  return left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1ull << std::max<int64_t>(left, 0)) - 1);
+}
+
+// x f32[M, K] -> bf16 bits [Mp, Kp] (round to nearest even, as XLA's convert), zero padded to whole tiles:
+// Mp = M rounded up to 16, Kp = K rounded up to 32. Row m is also row m's bf16 pairs (u32 p = k 2p, 2p + 1).
+const uint16_t* x_to_bf16(const float* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
+  uint16_t* out = scratch<uint16_t, kXa>(Mp * Kp);
+  std::fill(out + M * Kp, out + Mp * Kp, uint16_t(0));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < Kp; k += 32) {
+      const __m512 a = _mm512_maskz_loadu_ps(mask16(K - k), x + m * K + k);
+      const __m512 b = _mm512_maskz_loadu_ps(mask16(K - k - 16), x + m * K + k + 16);
+      _mm512_store_si512(out + m * Kp + k, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  return out;
+}
+
+// A stored C tile (16 x 16 float32, rows 64 bytes apart) -> y[r0 + i, c0 + j] for i < rows, j < cols, y's rows
+// `ld` floats apart.
+void put_tile(const float* tile, float* y, int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < std::min<int64_t>(rows, kTileRows); ++i)
+    _mm512_mask_storeu_ps(y + (r0 + i) * ld + c0, mask16(cols), _mm512_load_ps(tile + i * 16));
+}
+
+// C tile T -> y (put_tile's arguments); whole tiles straight from the tile. (A macro: the tile intrinsics take the
+// tile's number as a literal.)
+#define STORE_C(T, y, ld, r0, c0, rows, cols)                     \
+  do {                                                            \
+    if ((rows) >= kTileRows && (cols) >= 16) {                    \
+      _tile_stored(T, (y) + (r0) * (ld) + (c0), (ld) * 4);        \
+    } else {                                                      \
+      alignas(64) float tile_[kTileRows * 16];                    \
+      _tile_stored(T, tile_, 64);                                 \
+      put_tile(tile_, y, ld, r0, c0, rows, cols);                 \
+    }                                                             \
+  } while (0)
+
+// ---- _kn: y = x @ w, w bf16[K, N] ----
+// The row pairs [p0, p1) of w's columns [n0, n0 + width) (width a multiple of 32) -> packed B tiles: for each k block kb and 16-column group g,
+// 16 rows p of 16 (w[2p, n], w[2p + 1, n]) pairs at packed[((kb * groups + g) * 16 + p % 16) * 32]. Rows past K and
+// columns past N are zeros. Rows of w are read as whole segments (one pair of rows at a time: the streams the
+// hardware prefetcher follows).
+void pack_w(const uint16_t* w, int64_t K, int64_t N, int64_t n0, int64_t width, int64_t p0, int64_t p1,
+            uint16_t* packed) {
+  const int64_t groups = width / 16;
+  // vpermt2w indices: pairs (a[j], b[j]) for j in [0, 16) and [16, 32) (b's words are numbered from 32).
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t kb = p / 16, row = p % 16;
+    for (int64_t c = 0; c < width; c += 32) {
+      const __mmask32 cols = mask32(N - n0 - c);
+      // (prefetches past the end of w are harmless: they never fault)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (2 * p + kPackAhead) * N + n0 + c), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (2 * p + 1 + kPackAhead) * N + n0 + c), _MM_HINT_T1);
+      const __m512i a = 2 * p < K ? _mm512_maskz_loadu_epi16(cols, w + 2 * p * N + n0 + c) : _mm512_setzero_si512();
+      const __m512i b =
+          2 * p + 1 < K ? _mm512_maskz_loadu_epi16(cols, w + (2 * p + 1) * N + n0 + c) : _mm512_setzero_si512();
+      uint16_t* dst = packed + ((kb * groups + c / 16) * 16 + row) * 32;
+      _mm512_store_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(dst + 16 * 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+// One 32-row block of x (two tiles; kTwo false: the last block, one tile) times 32 packed columns (group g, g + 1).
+template <bool kTwo>
+void kn_block(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* packed, int64_t groups, int64_t g,
+              float* y, int64_t M, int64_t N, int64_t n) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (kTwo) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint16_t* b = packed + (kb * groups + g) * 16 * 32;
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 16 * 32, 64);
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (kTwo) {
+      _tile_loadd(5, xa + (m0 + kTileRows) * Kp + kb * kTileK, Kp * 2);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  STORE_C(0, y, N, m0, n, M - m0, N - n);
+  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
+  if (kTwo) {
+    STORE_C(2, y, N, m0 + kTileRows, n, M - m0 - kTileRows, N - n);
+    STORE_C(3, y, N, m0 + kTileRows, n + 16, M - m0 - kTileRows, N - n - 16);
+  }
+}
+
+// The columns [c0, c1) of y (c0 a multiple of 32; c1 too, or N), in sub-chunks of kKnChunk columns, each packed while
+// the one before it is multiplied (two buffers): packing is the stream of the weights from memory, and interleaved
+// with the tiles' work (a slice of the next sub-chunk's row pairs after each block of C) the two overlap.
+void kn_columns(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, int64_t Kp, const uint16_t* w, int64_t N,
+                float* y, int64_t c0, int64_t c1) {
+  uint16_t* buffers[2] = {scratch<uint16_t, kPacked0>(Kp * kKnChunk), scratch<uint16_t, kPacked1>(Kp * kKnChunk)};
+  const int64_t subs = (c1 - c0 + kKnChunk - 1) / kKnChunk, pairs = Kp / 2;
+  const int64_t mpairs = (Mp / kTileRows + 1) / 2;
+  auto width_of = [&](int64_t s) { return round_up(std::min(kKnChunk, c1 - c0 - s * kKnChunk), 32); };
+  pack_w(w, K, N, c0, width_of(0), 0, pairs, buffers[0]);
+  load_tile_config();
+  for (int64_t s = 0; s < subs; ++s) {
+    const int64_t n0 = c0 + s * kKnChunk, groups = width_of(s) / 16;
+    const uint16_t* packed = buffers[s % 2];
+    uint16_t* next = buffers[(s + 1) % 2];
+    const bool more = s + 1 < subs;
+    const int64_t per_block = (pairs + mpairs * groups / 2 - 1) / (mpairs * groups / 2);
+    int64_t p = 0;
+    for (int64_t mp = 0; mp < mpairs; ++mp) {
+      const int64_t m0 = mp * 2 * kTileRows;
+      for (int64_t g = 0; g < groups; g += 2) {
+        if (m0 + 2 * kTileRows <= Mp) kn_block<true>(xa, Kp, m0, packed, groups, g, y, M, N, n0 + g * 16);
+        else kn_block<false>(xa, Kp, m0, packed, groups, g, y, M, N, n0 + g * 16);
+        if (more && p < pairs) {
+          pack_w(w, K, N, n0 + kKnChunk, width_of(s + 1), p, std::min(pairs, p + per_block), next);
+          p += per_block;
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+void gemm_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y,
+             int64_t threads) {
+  const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK);
+  const uint16_t* xa = x_to_bf16(x, M, K, Mp, Kp);
+  // One contiguous share of the columns a thread (a pipeline runs through a share).
+  const int64_t t = std::max<int64_t>(1, std::min(threads, (N + 31) / 32));
+  const int64_t share = round_up((N + t - 1) / t, 32);
+  jaxserve::parallel_chunks(pool, (N + share - 1) / share, threads, [&](int64_t c) {
+    kn_columns(xa, M, Mp, K, Kp, w, N, y, c * share, std::min(N, (c + 1) * share));
+  });
+}
+
+// ---- _nk: y = x @ e^T, e bf16[N, K] ----
+// x's bf16 pairs transposed into B tiles: for k block kb and row block mb of x, 16 rows p of 16 u32 pairs
+// (x[m, 2p], x[m, 2p + 1]) for the 16 rows m of the block, at xt[(kb * mblocks + mb) * 256].
+const uint32_t* x_pairs_transposed(const uint16_t* xa, int64_t Mp, int64_t Kp) {
+  const int64_t mblocks = Mp / kTileRows, kblocks = Kp / kTileK;
+  uint32_t* xt = scratch<uint32_t, kXt>(kblocks * mblocks * 256);  // (every element written below)
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xa);  // row m: Kp / 2 pairs
+  for (int64_t m = 0; m < Mp; ++m)
+    for (int64_t p = 0; p < Kp / 2; ++p)
+      xt[((p / 16) * mblocks + m / kTileRows) * 256 + (p % 16) * 16 + m % kTileRows] = pairs[m * Kp / 2 + p];
+  return xt;
+}
+
+// 32 rows of e from n0 (two A tiles; kTwoN false: one) against two row blocks of x (mb, mb + 1; kTwoM false: one),
+// into yt[n - n0][m] (y^T, rows ldt floats apart). `a` points at e's row n0, rows `lda` elements apart (e itself, or
+// a zero-padded copy of a ragged block).
+template <bool kTwoN, bool kTwoM>
+void nk_block(const uint16_t* a, int64_t lda, int64_t Kp, const uint32_t* xt, int64_t mblocks, int64_t mb, float* yt,
+              int64_t ldt) {
+  _tile_zero(0);
+  if (kTwoM) _tile_zero(1);
+  if (kTwoN) _tile_zero(2);
+  if (kTwoN && kTwoM) _tile_zero(3);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint32_t* b = xt + (kb * mblocks + mb) * 256;
+    _tile_loadd(6, b, 64);
+    if (kTwoM) _tile_loadd(7, b + 256, 64);
+    _tile_loadd(4, a + kb * kTileK, lda * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    if (kTwoM) _tile_dpbf16ps(1, 4, 7);
+    if (kTwoN) {
+      _tile_loadd(5, a + kTileRows * lda + kb * kTileK, lda * 2);
+      _tile_dpbf16ps(2, 5, 6);
+      if (kTwoM) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  float* out = yt + mb * kTileRows;
+  _tile_stored(0, out, ldt * 4);
+  if (kTwoM) _tile_stored(1, out + kTileRows, ldt * 4);
+  if (kTwoN) _tile_stored(2, out + kTileRows * ldt, ldt * 4);
+  if (kTwoN && kTwoM) _tile_stored(3, out + kTileRows * ldt + kTileRows, ldt * 4);
+}
+
+template <bool kTwoN>
+void nk_rows(const uint16_t* a, int64_t lda, int64_t Kp, const uint32_t* xt, int64_t mblocks, float* yt,
+             int64_t ldt) {
+  int64_t mb = 0;
+  for (; mb + 2 <= mblocks; mb += 2) nk_block<kTwoN, true>(a, lda, Kp, xt, mblocks, mb, yt, ldt);
+  if (mb < mblocks) nk_block<kTwoN, false>(a, lda, Kp, xt, mblocks, mb, yt, ldt);
+}
+
+// yt f32[rows, ldt] (y^T of rows n0 .. n0 + rows) -> y[m, n0 + r] for m < M: 16 x 16 blocks through a gather each
+// row (yt is in L1/L2; y is written along its rows: a scatter down y's columns touched a page per element).
+void put_transposed(const float* yt, int64_t ldt, int64_t rows, float* y, int64_t M, int64_t N, int64_t n0) {
+  const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int(ldt)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < rows; r += 16) {
+      const __mmask16 mask = mask16(rows - r);
+      _mm512_mask_storeu_ps(y + m * N + n0 + r, mask,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, down, yt + r * ldt + m, 4));
+    }
+}
+
+void gemm_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* e, int64_t N, float* y,
+             int64_t threads) {
+  const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK), mblocks = Mp / kTileRows;
+  const uint32_t* xt = x_pairs_transposed(x_to_bf16(x, M, K, Mp, Kp), Mp, Kp);
+  const int64_t chunks = (N + kNkChunk - 1) / kNkChunk;
+  jaxserve::parallel_chunks(pool, chunks, threads, [&](int64_t c) {
+    float* yt = scratch<float, kYt>(round_up(kNkChunk, 2 * kTileRows) * Mp);  // (put_transposed reads written rows)
+    load_tile_config();
+    const int64_t begin = c * kNkChunk, end = std::min(N, begin + kNkChunk);
+    int64_t n0 = begin;
+    // Whole 32-row blocks are read in place when rows of e hold whole k blocks; a ragged one through a copy.
+    for (; K == Kp && n0 + 2 * kTileRows <= end; n0 += 2 * kTileRows)
+      nk_rows<true>(e + n0 * K, K, Kp, xt, mblocks, yt + (n0 - begin) * Mp, Mp);
+    for (; n0 < end; n0 += 2 * kTileRows) {
+      const int64_t rows = std::min(end - n0, 2 * kTileRows);
+      uint16_t* copy = scratch<uint16_t, kCopy>(2 * kTileRows * Kp);
+      std::fill_n(copy, 2 * kTileRows * Kp, uint16_t(0));
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(copy + r * Kp, e + (n0 + r) * K, K * 2);
+      if (rows > kTileRows) nk_rows<true>(copy, Kp, Kp, xt, mblocks, yt + (n0 - begin) * Mp, Mp);
+      else nk_rows<false>(copy, Kp, Kp, xt, mblocks, yt + (n0 - begin) * Mp, Mp);
+    }
+    _tile_release();
+    put_transposed(yt, Mp, end - begin, y, M, N, begin);
+  });
+}
+
+// Linux hands out AMX tile state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool request_amx() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#else
+constexpr bool kBuiltWithAmx = false;
+void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
+void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
+bool request_amx() { return false; }
+#endif
+
+bool amx_ready() {
+  static const bool ready = kBuiltWithAmx && request_amx();
+  return ready;
+}
+
+template <bool kNK>
+ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::BF16, 2> w,
+                    ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+  const std::string name = std::string("bf16_gemm_") + (kNK ? "nk" : "kn");
+  if (!amx_ready())
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable (jaxserve_amx_enable)");
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = w.dimensions()[kNK ? 0 : 1];
+  if (w.dimensions()[kNK ? 1 : 0] != K) return ffi::Error::InvalidArgument(name + ": K mismatch");
+  float* yp = y->typed_data();
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
+  (kNK ? gemm_nk : gemm_kn)(pool, x.typed_data(), M, K, wp, N, yp, threads);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+using F32Matrix = ffi::Buffer<ffi::F32, 2>;
+using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+
+#define JAXSERVE_BF16_GEMM(name, nk)                                                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Bf16Gemm<nk>,                                                \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Matrix>()                                              \
+                                    .Arg<Bf16Matrix>()                                             \
+                                    .Ret<F32Matrix>()                                              \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_BF16_GEMM(jaxserve_bf16_gemm_kn, false)
+JAXSERVE_BF16_GEMM(jaxserve_bf16_gemm_nk, true)
+
+extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

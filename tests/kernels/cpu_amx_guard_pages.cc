@@ -1,0 +1,58 @@
+// The AMX bf16 GEMMs (jaxserve/kernels/cpu/amx.cc, included whole) on buffers that end at, or (argument "front")
+// start at, a PROT_NONE page: a read or write outside a buffer faults. The shapes reach every ragged edge: M past
+// whole tiles and row blocks (1, 17, 33, 50), K below and past whole 32-k blocks (the [N, K] kernel then copies
+// ragged rows of e instead of loading tiles from it), N past 16-column tiles, 32-column blocks and the 256-wide
+// chunks. Results are checked against a double-precision reference of the same operands (x rounded to bf16).
+// Prints "no AMX" and exits 0 where the build or the kernel has no tiles. Built and run by test_cpu_amx.py.
+//
+// threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
+#include "amx.cc"
+
+#include "guard_pages.h"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+
+using guard_pages::from_bf16;
+using guard_pages::to_bf16;
+
+int main(int argc, char** argv) {
+  if (!amx_ready()) {
+    std::printf("no AMX\n");
+    return 0;
+  }
+  guard_pages::g_front = argc > 1 && std::string(argv[1]) == "front";
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  alignas(64) unsigned char no_pool[sizeof(ffi::ThreadPool)] = {};
+  ffi::ThreadPool& pool = *reinterpret_cast<ffi::ThreadPool*>(no_pool);
+  double worst = 0;
+  int64_t outputs = 0;
+  for (int64_t M : {1, 17, 33, 50})
+    for (int64_t K : {0, 1, 31, 32, 33, 64, 100})
+      for (int64_t N : {1, 15, 17, 32, 33, 100, 300}) {
+        float* x = guard_pages::guarded<float>(M * K);
+        for (int64_t i = 0; i < M * K; ++i) x[i] = normal(rng);
+        uint16_t* w = guard_pages::guarded<uint16_t>(K * N);  // read as [K, N] by _kn and as [N, K] by _nk
+        for (int64_t i = 0; i < K * N; ++i) w[i] = to_bf16(normal(rng));
+        float* y = guard_pages::guarded<float>(M * N);
+        for (bool nk : {false, true}) {
+          (nk ? gemm_nk : gemm_kn)(pool, x, M, K, w, N, y, 1);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double sum = 0, magnitude = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = double(from_bf16(to_bf16(x[m * K + k]))) * from_bf16(w[nk ? n * K + k : k * N + n]);
+                sum += p;
+                magnitude += std::fabs(p);
+              }
+              worst = std::max(worst, std::fabs(y[m * N + n] - sum) / std::max(magnitude, 1e-30));
+              ++outputs;
+            }
+        }
+      }
+  std::printf("outputs %ld worst %.3g\n", long(outputs), worst);
+  return worst <= 1e-6 ? 0 : 1;  // float32 sums of exact products: K roundings of at most 2^-24 each, K <= 100
+}
