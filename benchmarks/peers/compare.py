@@ -59,7 +59,8 @@ def backend_options(spec: str, args) -> tuple[str, BenchOptions]:
     """``NAME[@VARIANT]`` -> (the backend's name, its options); errors name the spec."""
     name, _, variant = spec.partition("@")
     opts = BenchOptions(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        threads=args.threads, gguf_file=args.gguf_file if name == "llama.cpp" else None)
+                        threads=args.threads, kv_cache_gib=args.kv_cache_gib,
+                        gguf_file=args.gguf_file if name == "llama.cpp" else None)
     if not variant:
         return name, opts
     if name == "llama.cpp":
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kv-cache-gib", type=int, default=1,
+                   help="the KV cache's memory for jaxserve (engine.kv_cache_bytes) and vLLM (VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--sharegpt-scale", type=float, default=0.5)
     p.add_argument("--gguf-file", default=None, help="llama.cpp: this GGUF instead of an export of the params")
     p.add_argument("--seed", type=int, default=0)
@@ -154,6 +157,7 @@ def main(argv=None) -> int:
                        "skipped": skipped},
               "config": {"model": args.model, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                          "max_model_len": args.max_model_len, "threads": args.threads,
+                         "kv_cache_gib": args.kv_cache_gib,
                          "sharegpt_scale": args.sharegpt_scale, "rounds": args.rounds,
                          "backends": {n: b.info for n, b in backends.items()}},
               "tables": {"throughput": rows}}

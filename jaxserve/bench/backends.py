@@ -30,6 +30,9 @@ class BenchOptions:
     max_num_seqs: int = 64  # jaxserve engine.max_num_seqs, vLLM max_num_seqs, llama.cpp slots, HF batch size
     max_model_len: int = 1024
     threads: int = 2  # torch, llama.cpp and vLLM's OpenMP threads (XLA:CPU uses every core)
+    # The KV cache's memory, the same for the engines that take a budget: jaxserve's engine.kv_cache_bytes, vLLM's
+    # VLLM_CPU_KVCACHE_SPACE (whole GiB). (llama.cpp allocates max_num_seqs x max_model_len tokens; HF pads a batch.)
+    kv_cache_gib: int = 1
     overrides: tuple[str, ...] = ()  # jaxserve engine overrides
     speculative: object = None  # a SpeculativeConfig (jaxserve)
     gguf_type: str | None = None  # llama.cpp's weight storage (F32, F16, BF16, Q8_0, Q4_0, ...); None: from dtype
@@ -77,8 +80,12 @@ class JaxserveBackend:
             config = config.replace(dtype=opts.dtype)
             params = jax.tree.map(lambda x: x.astype(jnp.dtype(opts.dtype)), params)
         # the options every backend shares win over the engine.* overrides' defaults
+        # (the KV budget too, unless an override sizes the cache itself)
+        sized = any(o.split("=")[0].strip() in ("engine.kv_cache_bytes", "engine.num_kv_blocks")
+                    for o in opts.overrides)
         self.engine_kwargs = {**engine_kwargs(list(opts.overrides)), "max_num_seqs": opts.max_num_seqs,
-                              "max_model_len": opts.max_model_len}
+                              "max_model_len": opts.max_model_len,
+                              **({} if sized else {"kv_cache_bytes": opts.kv_cache_gib * 2**30})}
         self.llm = LLM.from_params(config, params, model.tokenizer, speculative=opts.speculative,
                                    **self.engine_kwargs)
         # Warm-up compiles every shape bucket (a speculative engine: its fill, round and copy programs), so
@@ -170,7 +177,8 @@ class PeerBackend:
             path = opts.gguf_file or model.gguf(opts.gguf_type or GGUF_TYPES[opts.dtype])
         self.driver = DriverProcess(name, path, threads=opts.threads, max_num_seqs=opts.max_num_seqs,
                                     max_model_len=opts.max_model_len, dtype=opts.dtype,
-                                    log_path=model.workdir / f"{name}.log")
+                                    log_path=model.workdir / f"{name}.log",
+                                    env={"VLLM_CPU_KVCACHE_SPACE": str(opts.kv_cache_gib)} if name == "vllm" else None)
         self.info = {k: v for k, v in self.driver.info.items() if k != "ready"} | {"weights": str(path)}
         if PEERS[name].weights != "hf":
             self.info["weight_bytes"] = pathlib.Path(path).stat().st_size  # the GGUF: its tensors, ~all of it

@@ -63,14 +63,14 @@ class DriverProcess:
     """One peer driver subprocess, model loaded once, then ``run(workload_file)`` as often as asked."""
 
     def __init__(self, name: str, model_path: str | os.PathLike, *, threads: int, max_num_seqs: int,
-                 max_model_len: int, dtype: str, log_path: str | os.PathLike):
+                 max_model_len: int, dtype: str, log_path: str | os.PathLike, env: dict[str, str] | None = None):
         reason = missing(name)
         if reason:
             raise PeerError(reason)
         p, root = peer(name), peers_dir()
         self.name, self.log_path = name, str(log_path)
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ, **{k: str(root / v) for k, v in p.env.items()}, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, **{k: str(root / v) for k, v in p.env.items()}, **(env or {}), PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)  # the peer's venv, not this process's packages
         cmd = [str(root / p.python), str(DRIVERS / p.driver), "--model", str(model_path), "--threads", str(threads),
                "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len), "--dtype", dtype,

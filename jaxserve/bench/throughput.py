@@ -44,6 +44,8 @@ def common_parser(prog: str) -> argparse.ArgumentParser:
                         "engine.max_num_seqs of the overrides (64)")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch, llama.cpp and vLLM")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="the KV cache's memory for jaxserve and vLLM (an "
+                   "engine.kv_cache_bytes or engine.num_kv_blocks override wins for jaxserve)")
     p.add_argument("--gguf-type", default=None, help="llama.cpp weights: F32, F16, BF16, Q8_0, Q4_0, ... "
                                                     "(default: from --dtype)")
     p.add_argument("--gguf-file", default=None, help="llama.cpp: this GGUF file instead of an export")
@@ -76,7 +78,7 @@ def options(args) -> BenchOptions:
     from jaxserve.config import engine_kwargs
     if args.max_num_seqs is None:  # --max-num-seqs wins over an engine.max_num_seqs override
         args.max_num_seqs = engine_kwargs(args.overrides)["max_num_seqs"]
-    for name in ("max_num_seqs", "max_model_len", "threads", "num_iters"):
+    for name in ("max_num_seqs", "max_model_len", "threads", "num_iters", "kv_cache_gib"):
         if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     speculative = None
@@ -94,6 +96,7 @@ def options(args) -> BenchOptions:
     if args.gguf_file and not pathlib.Path(args.gguf_file).is_file():
         raise ValueError(f"--gguf-file {args.gguf_file!r} is not a file")
     return BenchOptions(dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        kv_cache_gib=args.kv_cache_gib,
                         threads=args.threads, overrides=tuple(args.overrides), speculative=speculative,
                         gguf_type=args.gguf_type, gguf_file=args.gguf_file)
 

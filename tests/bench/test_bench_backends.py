@@ -60,6 +60,8 @@ def test_jaxserve_and_hf_serve_one_workload_file_to_the_same_greedy_tokens(tmp_p
     # --max-num-seqs reaches the engine (the engine.* overrides' default of 64 once replaced it)
     assert records["jaxserve"]["backend_info"]["engine"]["max_num_seqs"] == 2
     assert records["jaxserve"]["backend_info"]["engine"]["max_num_batched_tokens"] == 32
+    # the KV budget vLLM gets too (--kv-cache-gib, default 1)
+    assert records["jaxserve"]["backend_info"]["engine"]["kv_cache_bytes"] == 2**30
     assert records["jaxserve"]["output_ids_head"] == records["hf"]["output_ids_head"]  # same weights, greedy
 
 
@@ -69,7 +71,8 @@ def test_latency_record_and_the_options_checked_before_any_model_loads(tmp_path)
     assert r["benchmark"] == "latency" and r["num_prompts"] == 1 and len(r["runs_elapsed_s"]) == 3
     assert r["percentiles_s"]["10"] <= r["percentiles_s"]["50"] <= r["percentiles_s"]["99"]
     assert r["ms_per_output_token"] == pytest.approx(1e3 * r["elapsed_s"] / 5)
-    for bad in (["--gguf-type", "Q4_0"], ["--max-num-seqs", "0"], ["--gguf-file", "/nonexistent.gguf"]):
+    for bad in (["--gguf-type", "Q4_0"], ["--max-num-seqs", "0"], ["--gguf-file", "/nonexistent.gguf"],
+                ["--kv-cache-gib", "0"]):
         assert main(["bench", "throughput", *TINY, *bad]) == 2
     assert main(["bench", "throughput", *TINY, "--backend", "llama.cpp", "--gguf-type", "Q4_X"]) == 2
     with pytest.raises(SystemExit, match="2"):  # argparse: invalid choice

@@ -12,7 +12,7 @@ spec.loader.exec_module(compare)
 
 
 def args(**kw):
-    base = dict(dtype="bfloat16", max_num_seqs=64, max_model_len=1024, threads=2, gguf_file=None)
+    base = dict(dtype="bfloat16", max_num_seqs=64, max_model_len=1024, threads=2, gguf_file=None, kv_cache_gib=1)
     return argparse.Namespace(**(base | kw))
 
 
@@ -21,6 +21,8 @@ def test_plain_names_keep_the_shared_options():
     assert (name, opts.dtype, opts.gguf_type, opts.gguf_file) == ("llama.cpp", "bfloat16", None, "m.gguf")
     name, opts = compare.backend_options("hf", args(gguf_file="m.gguf"))
     assert (name, opts.gguf_file, opts.overrides) == ("hf", None, ())
+    name, opts = compare.backend_options("jaxserve@engine.quantization=nvfp4", args(kv_cache_gib=3))
+    assert (name, opts.kv_cache_gib, opts.overrides) == ("jaxserve", 3, ("engine.quantization=nvfp4",))
 
 
 def test_variants_set_the_gguf_type_or_engine_overrides():
