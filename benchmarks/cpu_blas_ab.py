@@ -1,12 +1,14 @@
-"""End to end A/B of the float32 GEMM path (``jaxserve.kernels.cpu.f32_gemm``, OpenBLAS) in one process.
+"""End to end A/B of the CPU GEMM paths in one process: the float32 GEMM (``jaxserve.kernels.cpu.f32_gemm``,
+OpenBLAS) and the bf16 one on AMX tiles (``jaxserve.kernels.cpu.bf16_gemm``).
 
-    python benchmarks/cpu_blas_ab.py [--model smollm2-135m-instruct] [--workloads batch64,batch1,prefill]
+    python benchmarks/cpu_blas_ab.py [--model smollm2-135m-instruct] [--dtype float32] [--workloads batch64,batch1,prefill]
                                      [--variants blas,xla] [--rounds 5] [--out ab.json]
 
 Variants (each an engine of its own, built and warmed up with its setting, so every shape is compiled before the
 timed runs; a run that compiles anything is reported): ``blas`` (the default: OpenBLAS, one OpenBLAS thread,
 N split over XLA's pool), ``xla`` (``JAXSERVE_CPU_BLAS=0``: XLA's dot above 16 rows), ``blas1`` (one OpenBLAS
-thread, no split) and ``ob2`` (OpenBLAS's own two threads, no split). The engines share the model's jitted step
+thread, no split) and ``ob2`` (OpenBLAS's own two threads, no split); with ``--dtype bfloat16``: ``amx`` (the default
+on a CPU with AMX tiles) and ``noamx`` (``JAXSERVE_CPU_AMX=0``: bf16_matmul up to 16 rows, XLA's dot above). The engines share the model's jitted step
 programs, whose cache key is the static config and not the switch, so each variant's config differs in a field the
 model does not read (``rope_original_max_position``, used by llama3 RoPE only: the models here use the default).
 Rounds alternate the variants (the order rotated each round); reported: output tokens/s median and range.
@@ -16,20 +18,26 @@ request) and ``prefill`` (16 requests, 512 -> 4 tokens: mostly prefill).
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
+import pathlib
 import statistics
+import sys
 import tempfile
 
+import jax
+
 from jaxserve.bench.backends import BenchModel, BenchOptions, JaxserveBackend
-from jaxserve.bench.throughput import load_model, machine
+from jaxserve.bench.throughput import git_commit, load_model, machine
 from jaxserve.bench.workload import make_workload
 from jaxserve.kernels import cpu
 from jaxserve.kernels.cpu import build
 
 # variant -> (environment, f32_gemm's threads (None: the default), OpenBLAS's threads)
 VARIANTS = {"blas": ({cpu.matmul.BLAS_SWITCH: "1"}, None, 1), "xla": ({cpu.matmul.BLAS_SWITCH: "0"}, None, 1),
-            "blas1": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 1), "ob2": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 2)}
+            "blas1": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 1), "ob2": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 2),
+            "amx": ({cpu.matmul.AMX_SWITCH: "1"}, None, 1), "noamx": ({cpu.matmul.AMX_SWITCH: "0"}, None, 1)}
 WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "prefill": (16, 512, 4)}  # requests, in, out
 
 
@@ -57,7 +65,11 @@ def variant(name):
 
 def summary(runs, names, loads, a, final):
     """The record so far (written after every round: a long run stopped early keeps its rounds)."""
-    record = {"machine": machine(), "model": a.model, "rounds": len(runs[loads[0], names[-1]]), "results": []}
+    meta = {"command": "python benchmarks/cpu_blas_ab.py " + " ".join(sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+            "git_commit": git_commit(pathlib.Path(__file__).parent), "jax_version": jax.__version__,
+            "load_average": f"{os.getloadavg()[0]:.1f} at the end"}
+    record = {"meta": meta, "machine": machine(), "model": a.model, "dtype": a.dtype, "rounds": len(runs[loads[0], names[-1]]), "results": []}
     for w in loads:
         ref = runs[w, names[0]][0]["output_ids_head"]
         for n in names:
@@ -78,6 +90,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--workloads", default="batch64,batch1,prefill")
     ap.add_argument("--variants", default="blas,xla")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--out")
@@ -94,7 +107,7 @@ def main():
                                          rope_original_max_position=model.config.rope_original_max_position + i)
             with variant(n):
                 backends[n] = JaxserveBackend(BenchModel(model.name, config, model.params, model.tokenizer, tmp),
-                                              BenchOptions(dtype="float32", max_model_len=a.max_model_len))
+                                              BenchOptions(dtype=a.dtype, max_model_len=a.max_model_len))
                 for w in loads:  # untimed, and the outputs' heads to compare
                     backends[n].run(requests[w])
             print(f"{n} ready (warm-up {backends[n].info['warmup_s']:.0f} s)", flush=True)

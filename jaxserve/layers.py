@@ -22,14 +22,18 @@ _CPU_F32_MIN_ROWS = 2
 # Fewest rows a bf16 weight goes to the AMX GEMM (jaxserve.kernels.cpu.bf16_gemm) with, on a CPU with AMX tiles: a
 # Dense kernel [K, N] / a tied embedding [N, K] read as the head. Fewer rows stay with bf16_matmul (vdpbf16ps), which
 # streams the weights without packing them into tiles. Medians of 7 interleaved calls, 2 threads, on the 2-core Xeon
-# VM (AMX, idle), `benchmarks/cpu_matmul.py --m 4,9,64 --threads 2 --fp4 "" --paths xla_bf16,kernel_bf16,amx_bf16
-# --shapes 0,2,3,4`, us, XLA's dot / bf16_matmul / bf16_gemm:
-#   q/o [576,576]            M=4 72 / 44 / 61        M=9 71 / 73 / 65        M=64 179 / 386 / 149
-#   gate/up [576,1536]       M=4 110 / 85 / 103      M=9 135 / 143 / 129     M=64 249 / 833 / 272
-#   down [1536,576]          M=4 136 / 97 / 145      M=9 122 / 161 / 120     M=64 310 / 828 / 302
-#   tied head [49152,576]^T  M=4 22266 / 3249 / 2151 M=9 24831 / 5130 / 2331 M=64 28231 / 26334 / 5241
-# (M=1: bf16_matmul 36 / 54 / 61 / 2225 us, bf16_gemm 59 / 81 / 129 / 2123.) The head's tiles are read straight from
-# the embedding; a [K, N] kernel is packed into tiles first, which costs as much as XLA's dot at 64 rows.
+# VM (AMX, idle), `benchmarks/cpu_matmul.py --m 1,4,9,16,64 --threads 2 --fp4 "" --paths xla_bf16,kernel_bf16,amx_bf16
+# --shapes 0,2,3`, us, XLA's dot / bf16_matmul / bf16_gemm:
+#   q/o [576,576]       M=1 47 / 41 / 59    M=4 48 / 44 / 52    M=9 77 / 73 / 65     M=16 77 / 102 / 72   M=64 193 / 388 / 161
+#   gate/up [576,1536]  M=1 60 / 58 / 93    M=4 99 / 96 / 123   M=9 151 / 126 / 123  M=16 137 / 209 / 126 M=64 262 / 812 / 270
+#   down [1536,576]     M=1 77 / 68 / 124   M=4 107 / 98 / 133  M=9 147 / 177 / 150  M=16 151 / 225 / 145 M=64 323 / 755 / 289
+#   tied head [49152,576]^T (--m 9,64 --shapes 4): M=9 24831 / 5130 / 2331, M=64 28231 / 26334 / 5241; at M=1 and 4
+#   2225 / 2123 and 3249 / 2151 (bf16_matmul / bf16_gemm; an earlier build of the head, which then scattered its
+#   outputs: few rows are bound by reading the table either way).
+# The head's tiles are loaded straight from the embedding; a [K, N] kernel is packed into tile pairs on every call,
+# which costs about what XLA's dot does at 64 rows. (Packing the Dense kernels once instead, in a block layout the
+# tiles load directly, measured 10-20% faster at 9-64 rows and 10-25% slower at one row, where a vdpbf16ps loop over
+# the packed blocks trailed bf16_matmul: not kept.)
 _CPU_AMX_MIN_ROWS = {0: 8, 1: 2}  # by the axis of K in the weight
 # Above _CPU_MAX_ROWS float32 layers go to OpenBLAS's sgemm (jaxserve.kernels.cpu.f32_gemm, N split over 2 threads).
 # Medians of 5 interleaved calls, `benchmarks/cpu_matmul.py --threads 1,2 --paths xla_f32,blas`, on the 2-core Zen 4

@@ -31,13 +31,12 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 
 from jaxserve.bench.backends import BenchOptions, make_backend
 from jaxserve.bench.peers import PEERS, missing
-from jaxserve.bench.throughput import load_model, machine, timed_runs
+from jaxserve.bench.throughput import git_commit, load_model, machine, timed_runs
 from jaxserve.bench.workload import make_workload
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -144,14 +143,11 @@ def main(argv=None) -> int:
                          "tok_s_min": round(min(rates), 1), "tok_s_max": round(max(rates), 1),
                          "seconds": [round(run["elapsed_s"], 4) for run in runs[(w, n)]],
                          f"agrees_with_{names[0]}": agreement(runs[(w, n)][-1]["output_ids_head"], reference)})
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=REPO).stdout.strip()
     result = {"meta": {"benchmark": "peer_throughput",
                        "command": "".join(f"{k}={os.environ[k]} " for k in RECORDED_ENV if k in os.environ)
                        + "python benchmarks/peers/compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "machine": machine(), "git_commit": commit + ("+dirty" if dirty else ""),
+                       "machine": machine(), "git_commit": git_commit(REPO),
                        "load_average": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
                        "cpu_affinity": sorted(os.sched_getaffinity(0)), "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
                        "skipped": skipped},

@@ -18,6 +18,7 @@ import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import tempfile
 
 import jax
@@ -125,6 +126,14 @@ def machine() -> str:
     except OSError:
         pass
     return f"{name}, {os.cpu_count()} CPUs ({jax.default_backend()})"
+
+
+def git_commit(repo: str | os.PathLike) -> str:
+    """The checkout's short commit, "+dirty" when tracked files differ from it ("" outside a git checkout)."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=repo).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
+    return commit + ("+dirty" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def make_record(benchmark: str, backend, model: BenchModel, opts: BenchOptions, dataset: str,
