@@ -43,12 +43,23 @@ class KVLayer:
         # Indexed by (page, offset), not through a [P*S, K, D] reshape: with one KV head that reshape
         # let XLA:CPU give the scattered pool a permuted layout and copy every layer's whole pool back
         # (in the engine's speculative round, ~4 ms of copies per round for the 1-head draft).
-        new_v = self.v.at[page, offset].set(v.astype(self.v.dtype), mode="drop")
+        new_v = _as_bits(self.v, lambda bits, cast: bits.at[page, offset].set(cast(v), mode="drop"))
         if self.k_tokens_minor:
-            new_k = self.k.at[page, :, :, offset].set(k.astype(self.k.dtype), mode="drop")
+            new_k = _as_bits(self.k, lambda bits, cast: bits.at[page, :, :, offset].set(cast(k), mode="drop"))
         else:
-            new_k = self.k.at[page, offset].set(k.astype(self.k.dtype), mode="drop")
+            new_k = _as_bits(self.k, lambda bits, cast: bits.at[page, offset].set(cast(k), mode="drop"))
         return self.replace(k=new_k, v=new_v)
+
+
+def _as_bits(pages: jax.Array, update):
+    """``update(pages, cast)`` (cast: rows -> pages' dtype), where a 16-bit float pool on CPU is handed over as its
+    uint16 bits: XLA:CPU has no bf16/f16 scatter or gather and would widen the layer's whole pool to float32 (and
+    back) around each one, while moving the bits is exact and in place."""
+    if jax.default_backend() != "cpu" or pages.dtype.itemsize != 2 or not jnp.issubdtype(pages.dtype, jnp.floating):
+        return update(pages, lambda rows: rows.astype(pages.dtype))
+    bits = jax.lax.bitcast_convert_type(pages, jnp.uint16)
+    out = update(bits, lambda rows: jax.lax.bitcast_convert_type(rows.astype(pages.dtype), jnp.uint16))
+    return jax.lax.bitcast_convert_type(out, pages.dtype)
 
 
 @struct.dataclass
@@ -79,7 +90,7 @@ class KVPool:
         def copy(pages):
             num_pages = pages.shape[0]
             safe_dst = jnp.where(dst < 0, num_pages, dst)
-            return pages.at[safe_dst].set(pages[jnp.clip(src, 0, num_pages - 1)], mode="drop")
+            return _as_bits(pages, lambda p, _: p.at[safe_dst].set(p[jnp.clip(src, 0, num_pages - 1)], mode="drop"))
 
         return self.replace(layers=tuple(layer.replace(k=copy(layer.k), v=copy(layer.v)) for layer in self.layers))
 

@@ -81,13 +81,17 @@ class XlaAttention(AttentionBackend):
     k_tokens_minor: bool = True
 
     def storage_dtype(self, dtype) -> jnp.dtype:
-        """A 16-bit model's pool is stored in float32 on XLA:CPU, which has no bf16/f16 scatter or gather:
-        it would widen each layer's whole pool to float32 (and narrow it back) around every K/V write and
-        page read, two full passes over the pool per layer and step (SmolLM2-135M in bf16 at batch 1: ~72 of
-        ~125 ms of device time). K/V rows arrive rounded to the model's dtype and float32 holds them exactly,
-        so attention reads the same values, at twice the pool's memory."""
+        """On XLA:CPU a bf16 model's pool is bf16 where the C++ attention kernel reads it
+        (``cpu_attention.available()``): writes move the bits (``jaxserve.cache.kv_pool``), the kernel widens
+        each element as it reads it, so attention sees the values a float32 pool would hold, at half the bytes.
+        Other 16-bit pools on CPU are float32: XLA:CPU has no bf16/f16 arithmetic on gathered pages and would
+        widen each layer's whole pool to float32 (and narrow it back) around every page read (SmolLM2-135M in bf16
+        at batch 1: ~72 of ~125 ms of device time, when its writes did so too). K/V rows arrive rounded to the
+        model's dtype and float32 holds them exactly, so attention reads the same values, at twice the memory."""
         dtype = jnp.dtype(dtype)
-        return jnp.dtype(jnp.float32) if jax.default_backend() == "cpu" and dtype.itemsize < 4 else dtype
+        if jax.default_backend() != "cpu" or dtype.itemsize >= 4:
+            return dtype
+        return dtype if dtype in cpu_attention.POOL_DTYPES and cpu_attention.available() else jnp.dtype(jnp.float32)
 
     def decode(self, q, k_pages, v_pages, tables, lens, **kw):
         if cpu_attention.usable(k_pages, v_pages):

@@ -195,13 +195,16 @@ def test_unknown_engine_option():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kv_cache_bytes_counts_the_pool_as_stored(dtype):
     """The KV budget buys as many blocks as fit in the pool's storage dtype: on XLA:CPU a bf16 model's pool is
-    float32 (no 16-bit scatter/gather there), so it gets the float32 count, and its pool really is that size."""
+    float32 (no 16-bit gather there) unless the C++ attention kernel reads it (then bf16: twice the blocks), and
+    its pool really is that size."""
+    from jaxserve.kernels.cpu import attention as cpu_attention
     config = CONFIG.replace(dtype=dtype)
     params = jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), PARAMS)
     block = 2 * config.num_layers * ENGINE["block_size"] * config.num_kv_heads * config.head_dim
     budget = 100 * block * 4 + 3  # 100 float32 blocks and change
     llm = LLM.from_params(config, params, **ENGINE, kv_cache_bytes=budget)
-    stored = 4 if jax.default_backend() == "cpu" else jnp.dtype(dtype).itemsize
+    on_cpu, kernel = jax.default_backend() == "cpu", cpu_attention.available()
+    stored = 4 if on_cpu and not kernel else jnp.dtype(dtype).itemsize
     assert llm.stats()["kv_blocks_total"] == budget // (block * stored)
     pool = llm.engine.runner.pool
     assert sum(x.nbytes for x in jax.tree.leaves(pool)) <= budget

@@ -141,3 +141,25 @@ def test_engine_greedy_tokens_equal_with_and_without_attention_kernel(dtype, mon
                                    np.concatenate([o.logprobs for o in off]), atol=1e-4)
     else:
         _assert_greedy_agrees(on, off)
+
+
+def test_bf16_model_keeps_a_bf16_kv_pool_with_the_outputs_of_a_float32_one(monkeypatch):
+    """Where the C++ attention kernel reads the pool, a bf16 model's KV pool is bf16 (half the memory: twice the
+    blocks in one budget); K/V arrive rounded to bf16 either way and the kernel widens them as it reads, so greedy
+    tokens and their log-probs are those of a float32 pool, bit for bit (prefix-cache block copies included)."""
+    prompts = ["def add(a, b):", "def add(a, b):\n    return", "class Stack:\n    def push(self, x):"]
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
+
+    def run():
+        llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4, kv_cache_bytes=2**22)
+        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        return llm.engine.runner.pool.layers[0].k.dtype, llm.stats()["kv_blocks_total"], outs
+    jax.clear_caches()
+    dtype, blocks, bf16 = run()
+    monkeypatch.setattr(cpu_attention, "POOL_DTYPES", (jnp.dtype(jnp.float32),))
+    jax.clear_caches()
+    dtype32, blocks32, f32 = run()
+    jax.clear_caches()
+    assert (dtype, dtype32) == (jnp.bfloat16, jnp.float32) and blocks // 2 == blocks32
+    assert [o.token_ids for o in bf16] == [o.token_ids for o in f32]
+    assert [o.logprobs for o in bf16] == [o.logprobs for o in f32]

@@ -117,18 +117,22 @@ def test_fresh_needs_uniform_rows():
                 attention_impl="reference")
 
 
-def test_bf16_model_pool_is_float32_on_cpu_and_reads_the_same_values():
-    """XLA:CPU widens a whole bf16 pool around every scatter and gather, so the xla backend stores a 16-bit
-    model's K/V in float32 there. The rows written are bf16-rounded, so the logits equal those read from a
-    bf16 pool bit for bit (prefill, then decode steps reading the cache)."""
+def test_bf16_model_pool_dtype_on_cpu_and_reads_the_same_values():
+    """XLA:CPU widens a whole bf16 pool around every gather, so the xla backend stores a bf16 model's K/V in
+    float32 there unless the C++ attention kernel reads the pool (``cpu_attention.available()``), which widens each
+    element as it reads it. The rows written are bf16-rounded, so the logits from a float32 pool and a bf16 pool are
+    equal bit for bit (prefill, then decode steps reading the cache)."""
+    from jaxserve.kernels.cpu import attention as cpu_attention
     from jaxserve.models.attention_backends import attention_backend
     run = jax.jit(forward, static_argnames=("config", "attention_impl"))
     config = get_preset("tiny-llama").replace(dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init_params(config, jax.random.key(2)))
-    wide = new_kv_pool(config, 8, BLOCK, "xla")
-    assert jax.default_backend() != "cpu" or wide.layers[0].k.dtype == wide.layers[0].v.dtype == jnp.float32
-    narrow = init_kv_pool(config.num_layers, 8, BLOCK, config.num_kv_heads, config.head_dim, jnp.bfloat16,
-                          k_tokens_minor=attention_backend("xla").k_tokens_minor)
+    chosen = new_kv_pool(config, 8, BLOCK, "xla").layers[0]
+    if jax.default_backend() == "cpu":
+        assert chosen.k.dtype == chosen.v.dtype == (jnp.bfloat16 if cpu_attention.available() else jnp.float32)
+    minor = attention_backend("xla").k_tokens_minor
+    wide, narrow = (init_kv_pool(config.num_layers, 8, BLOCK, config.num_kv_heads, config.head_dim, dt,
+                                 k_tokens_minor=minor) for dt in (jnp.float32, jnp.bfloat16))
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, 11)
     table = [[5, 2, 7]]
     outs = []

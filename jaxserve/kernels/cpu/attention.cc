@@ -3,6 +3,8 @@
 //   jaxserve_paged_attention: o f32[T, H, D] from q f32[T, H, D], kt_pages f32[P, K, D, S] (tokens innermost),
 //       v_pages f32[P, S, K, D], block_tables i32[B, M], context_lens i32[B], cu_q_lens i32[B+1];
 //       attributes sm_scale, soft_cap (0: none), sliding_window (0: none), threads.
+//   jaxserve_paged_attention_bf16: the same over bf16 pools (a bf16 model's K/V, read at half the bytes), each
+//       element widened to float32 as it is loaded: the same sums as over float32 pools holding those values.
 //
 // Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] of q; its i-th row sits at position
 // context_lens[b] - q_len_b + i and sees the keys at positions <= its own, < context_lens[b] (and < M*S), and,
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -85,12 +88,31 @@ vf load(const float* p) {
   return x;
 }
 
+// K/V elements: float32, or bf16 bits (uint16_t) widened exactly (a 16-bit shift).
+using vh = uint16_t __attribute__((vector_size(2 * kLanes)));
+vf load(const uint16_t* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  const vi w = __builtin_convertvector(h, vi) << 16;
+  vf x;
+  std::memcpy(&x, &w, sizeof x);
+  return x;
+}
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 
 // Scores of kN query vectors (rows of q, D each) against one page's K, kt [D, kS] -> s [kN, sp]; kS a multiple of
 // the lanes, the accumulators in registers, each K row loaded once for the kN vectors.
-template <int kS, int kN>
-void scores_fixed(const float* q, int64_t D, const float* kt, float* s, int64_t sp) {
+template <int kS, int kN, class KV>
+void scores_fixed(const float* q, int64_t D, const KV* kt, float* s, int64_t sp) {
   constexpr int C = kS / kLanes;
   vf a[kN][C] = {};
   for (int64_t d = 0; d < D; ++d)
@@ -103,8 +125,8 @@ void scores_fixed(const float* q, int64_t D, const float* kt, float* s, int64_t 
 }
 
 // Scores of nq query vectors against one page's K, kt [D, S] -> s [nq, sp] (sp >= S).
-template <int kS>
-void scores(const float* q, int64_t nq, int64_t D, const float* kt, int64_t S_rt, float* s, int64_t sp) {
+template <int kS, class KV>
+void scores(const float* q, int64_t nq, int64_t D, const KV* kt, int64_t S_rt, float* s, int64_t sp) {
   if constexpr (kS > 0) {
     int64_t i = 0;
     for (; i + 4 <= nq; i += 4) scores_fixed<kS, 4>(q + i * D, D, kt, s + i * sp, sp);
@@ -122,15 +144,15 @@ void scores(const float* q, int64_t nq, int64_t D, const float* kt, int64_t S_rt
     std::fill(out, out + S, 0.f);
     for (int64_t d = 0; d < D; ++d) {
       const float qd = q[i * D + d];
-      const float* k = kt + d * S;
-      for (int64_t j = 0; j < S; ++j) out[j] += qd * k[j];
+      const KV* k = kt + d * S;
+      for (int64_t j = 0; j < S; ++j) out[j] += qd * widen(k[j]);
     }
   }
 }
 
 // acc [kN, D] += p [kN, sp] (keys j0..j1) @ V rows (vp + j * stride, D each), each V row chunk loaded once.
-template <int kN>
-void pv_fixed(const float* p, int64_t sp, int64_t j0, int64_t j1, const float* vp, int64_t stride, float* acc,
+template <int kN, class KV>
+void pv_fixed(const float* p, int64_t sp, int64_t j0, int64_t j1, const KV* vp, int64_t stride, float* acc,
               int64_t D) {
   int64_t d = 0;
   for (; d + kLanes <= D; d += kLanes) {
@@ -144,10 +166,11 @@ void pv_fixed(const float* p, int64_t sp, int64_t j0, int64_t j1, const float* v
   }
   for (; d < D; ++d)
     for (int64_t j = j0; j <= j1; ++j)
-      for (int n = 0; n < kN; ++n) acc[n * D + d] += p[n * sp + j] * vp[j * stride + d];
+      for (int n = 0; n < kN; ++n) acc[n * D + d] += p[n * sp + j] * widen(vp[j * stride + d]);
 }
 
-void pv(const float* p, int64_t nq, int64_t sp, int64_t j0, int64_t j1, const float* vp, int64_t stride,
+template <class KV>
+void pv(const float* p, int64_t nq, int64_t sp, int64_t j0, int64_t j1, const KV* vp, int64_t stride,
         float* acc, int64_t D) {
   int64_t i = 0;
   for (; i + 4 <= nq; i += 4) pv_fixed<4>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D);
@@ -195,14 +218,16 @@ void softmax_update(float* s, int64_t sp, int64_t a, int64_t b, float soft_cap, 
 
 // Asks for a page's K block [D, S] and the V rows of one head (S rows of D, stride apart) ahead of use: the
 // pages lie anywhere in the pool, beyond what the hardware prefetcher guesses.
-void prefetch_page(const float* kp, int64_t k_floats, const float* vp, int64_t S, int64_t stride, int64_t D) {
-  for (int64_t f = 0; f < k_floats; f += 16) __builtin_prefetch(kp + f);
+template <class KV>
+void prefetch_page(const KV* kp, int64_t k_elements, const KV* vp, int64_t S, int64_t stride, int64_t D) {
+  constexpr int64_t kLine = 64 / sizeof(KV);  // elements a cache line
+  for (int64_t f = 0; f < k_elements; f += kLine) __builtin_prefetch(kp + f);
   for (int64_t j = 0; j < S; ++j)
-    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(vp + j * stride + d);
+    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(vp + j * stride + d);
 }
 
-template <int kS>
-void attend_item(const Shape& sh, const float* q, const float* kt, const float* v, const int32_t* tables,
+template <int kS, class KV>
+void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, const int32_t* tables,
                  int64_t context_len, const Item& it, float* out, Scratch& w) {
   const int64_t D = sh.D, G = sh.G, S = kS ? kS : sh.S, sp = (S + kLanes - 1) / kLanes * kLanes;
   const int64_t nq = it.rows * G;
@@ -231,8 +256,8 @@ void attend_item(const Shape& sh, const float* q, const float* kt, const float* 
   }
   for (int64_t page = lo / S; hi >= lo && page <= hi / S; ++page) {
     const int64_t id = std::clamp<int64_t>(tables[page], 0, sh.P - 1), first = page * S;
-    const float* kp = kt + (id * sh.K + it.head) * D * S;
-    const float* vp = v + (id * S * sh.K + it.head) * D;
+    const KV* kp = kt + (id * sh.K + it.head) * D * S;
+    const KV* vp = v + (id * S * sh.K + it.head) * D;
     if (page < hi / S) {
       const int64_t next = std::clamp<int64_t>(tables[page + 1], 0, sh.P - 1);
       prefetch_page(kt + (next * sh.K + it.head) * D * S, D * S, v + (next * S * sh.K + it.head) * D, S, sh.K * D, D);
@@ -275,8 +300,8 @@ std::vector<Item> plan(const Shape& sh, const int32_t* context_lens, const int32
   return items;
 }
 
-template <int kS>
-void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const float* kt, const float* v,
+template <int kS, class KV>
+void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
             const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, float* out,
             int64_t threads) {
   jaxserve::parallel_chunks(pool, int64_t(items.size()), threads, [&](int64_t c) {
@@ -287,7 +312,8 @@ void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const float*
 }
 
 // The whole call, shapes checked: o [T, H, D] (see the top of this file).
-void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const float* q, const float* kt, const float* v,
+template <class KV>
+void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
                      const int32_t* tables, const int32_t* context_lens, const int32_t* cu_q_lens, float* o,
                      int64_t threads) {
   if (sh.P == 0 || sh.M == 0 || sh.S == 0) {  // no keys anywhere
@@ -297,17 +323,19 @@ void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const float* q, con
   const std::vector<Item> items = plan(sh, context_lens, cu_q_lens, o);
   auto run = [&](auto attend_s) { attend_s(pool, sh, q, kt, v, tables, context_lens, items, o, threads); };
   switch (sh.S) {
-    case 16: run(attend<16>); break;
-    case 32: run(attend<32>); break;
-    default: run(attend<0>); break;
+    case 16: run(attend<16, KV>); break;
+    case 32: run(attend<32, KV>); break;
+    default: run(attend<0, KV>); break;
   }
 }
 
-ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi::Buffer<ffi::F32, 4> kt_pages,
-                          ffi::Buffer<ffi::F32, 4> v_pages, ffi::Buffer<ffi::S32, 2> block_tables,
+template <ffi::DataType kKV>
+ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi::Buffer<kKV, 4> kt_pages,
+                          ffi::Buffer<kKV, 4> v_pages, ffi::Buffer<ffi::S32, 2> block_tables,
                           ffi::Buffer<ffi::S32, 1> context_lens, ffi::Buffer<ffi::S32, 1> cu_q_lens,
                           ffi::ResultBuffer<ffi::F32, 3> out, float sm_scale, float soft_cap, int64_t sliding_window,
                           int64_t threads) {
+  using KV = std::conditional_t<kKV == ffi::BF16, uint16_t, float>;  // bf16 as its bits
   const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
   Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
            sm_scale, soft_cap, sliding_window};
@@ -315,7 +343,8 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi:
       vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1)
     return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
   sh.G = sh.H / sh.K;
-  paged_attention(pool, sh, q.typed_data(), kt_pages.typed_data(), v_pages.typed_data(), block_tables.typed_data(),
+  paged_attention(pool, sh, q.typed_data(), reinterpret_cast<const KV*>(kt_pages.typed_data()),
+                  reinterpret_cast<const KV*>(v_pages.typed_data()), block_tables.typed_data(),
                   context_lens.typed_data(), cu_q_lens.typed_data(), out->typed_data(), threads);
   return ffi::Error::Success();
 }
@@ -325,20 +354,25 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi:
 // Aliases: the handler macro cannot take template arguments with commas.
 using F32Tokens = ffi::Buffer<ffi::F32, 3>;
 using F32Pages = ffi::Buffer<ffi::F32, 4>;
+using Bf16Pages = ffi::Buffer<ffi::BF16, 4>;
 using S32Matrix = ffi::Buffer<ffi::S32, 2>;
 using S32Vector = ffi::Buffer<ffi::S32, 1>;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_paged_attention, PagedAttention,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Tokens>()
-                                  .Arg<F32Pages>()
-                                  .Arg<F32Pages>()
-                                  .Arg<S32Matrix>()
-                                  .Arg<S32Vector>()
-                                  .Arg<S32Vector>()
-                                  .Ret<F32Tokens>()
-                                  .Attr<float>("sm_scale")
-                                  .Attr<float>("soft_cap")
-                                  .Attr<int64_t>("sliding_window")
-                                  .Attr<int64_t>("threads"));
+#define JAXSERVE_PAGED_ATTENTION(name, dtype, pages)                                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, PagedAttention<ffi::dtype>,                                  \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<F32Tokens>()                                              \
+                                    .Arg<pages>()                                                  \
+                                    .Arg<pages>()                                                  \
+                                    .Arg<S32Matrix>()                                              \
+                                    .Arg<S32Vector>()                                              \
+                                    .Arg<S32Vector>()                                              \
+                                    .Ret<F32Tokens>()                                              \
+                                    .Attr<float>("sm_scale")                                       \
+                                    .Attr<float>("soft_cap")                                       \
+                                    .Attr<int64_t>("sliding_window")                               \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention, F32, F32Pages)
+JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention_bf16, BF16, Bf16Pages)

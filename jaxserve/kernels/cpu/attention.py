@@ -2,8 +2,10 @@
 ``pallas_kernels.paged_attention.online``.
 
 Axis names: B sequences, T packed query tokens, H query heads, K kv heads, D head dim, P pages in the pool,
-S page size, M pages per block table. The pools are float32 in the layout the online path reads: K with tokens
-innermost, ``kt_pages f32[P, K, D, S]``, and ``v_pages f32[P, S, K, D]``.
+S page size, M pages per block table. The pools are float32 or bf16 (``POOL_DTYPES``; both the same) in the layout
+the online path reads: K with tokens innermost, ``kt_pages [P, K, D, S]``, and ``v_pages [P, S, K, D]``. bf16 pools
+(a bf16 model's K/V, at half the bytes) are widened to float32 element by element as they are read: the result is
+the one float32 pools holding the same values give.
 
 - ``paged_attention_cpu``: decode, one query token per sequence (``paged_attention_online``);
 - ``uniform_paged_attention_cpu``: ``q_len`` tokens per sequence (``uniform_paged_attention_online``);
@@ -15,8 +17,8 @@ it) of that sequence; online softmax in float32, only the pages holding visible 
 dtype are converted to float32 and the output converted back.
 
 ``usable(k_pages, v_pages)`` says whether to route the engine's attention here at trace time: the matmul kernels'
-conditions (``matmul.usable()``: CPU backend, one device, the library loaded, ``JAXSERVE_CPU_KERNELS`` on), float32
-pools, and ``JAXSERVE_CPU_ATTENTION`` not 0/off/false/no. A jitted function keeps the path it was traced with.
+conditions (``matmul.usable()``: CPU backend, one device, the library loaded, ``JAXSERVE_CPU_KERNELS`` on), pools of
+a ``POOL_DTYPES`` dtype, and ``JAXSERVE_CPU_ATTENTION`` not 0/off/false/no (``available()``: all but the pools). A jitted function keeps the path it was traced with.
 ``JAXSERVE_CPU_KERNEL_THREADS`` caps the threads a call uses, as for the matmuls; the result does not depend on it.
 """
 from __future__ import annotations
@@ -28,13 +30,18 @@ import numpy as np
 from jaxserve.kernels.cpu import build, matmul
 
 ENV_SWITCH = "JAXSERVE_CPU_ATTENTION"
-TARGET = "jaxserve_paged_attention"
+TARGETS = {jnp.dtype(jnp.float32): "jaxserve_paged_attention", jnp.dtype(jnp.bfloat16): "jaxserve_paged_attention_bf16"}
+POOL_DTYPES = tuple(TARGETS)
+
+
+def available() -> bool:
+    """Whether the engine's attention goes to the kernel now, pools aside (see the module docstring)."""
+    return matmul.enabled(ENV_SWITCH) and matmul.usable()
 
 
 def usable(k_pages: jax.Array, v_pages: jax.Array) -> bool:
     """Whether attention over these pools should go to the kernel now (see the module docstring)."""
-    return (k_pages.dtype == jnp.float32 and v_pages.dtype == jnp.float32 and matmul.enabled(ENV_SWITCH)
-            and matmul.usable())
+    return k_pages.dtype == v_pages.dtype and k_pages.dtype in POOL_DTYPES and available()
 
 
 def paged_attention_cpu(q, kt_pages, v_pages, block_tables, lengths, *, sm_scale=None, soft_cap=None,
@@ -71,8 +78,9 @@ def _check(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens):
                          f"(want [P, S, K, D] = {(p, s, k, d)})")
     if q.shape[2] != d or q.shape[1] % k:
         raise ValueError(f"paged_attention_cpu: q{q.shape} needs head dim {d} and a multiple of {k} heads")
-    if kt_pages.dtype != jnp.float32 or v_pages.dtype != jnp.float32:
-        raise ValueError(f"paged_attention_cpu: the pools must be float32, got {kt_pages.dtype}, {v_pages.dtype}")
+    if kt_pages.dtype != v_pages.dtype or kt_pages.dtype not in POOL_DTYPES:
+        raise ValueError(f"paged_attention_cpu: the pools must be both float32 or both bfloat16, got "
+                         f"{kt_pages.dtype}, {v_pages.dtype}")
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise ValueError(f"paged_attention_cpu: q must be floating point, got {q.dtype}")
     b = block_tables.shape[0]
@@ -94,7 +102,8 @@ def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scal
     if build.load() is None:
         raise RuntimeError("paged_attention_cpu: the CPU kernels are unavailable (see the logged warning)")
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32), vmap_method="sequential")
+    call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                            vmap_method="sequential")
     out = call(q.astype(jnp.float32), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
                sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0),
                sliding_window=int(sliding_window or 0), threads=threads or matmul.default_threads())
