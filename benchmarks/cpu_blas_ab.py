@@ -9,8 +9,8 @@ timed runs; a run that compiles anything is reported): ``blas`` (the default: Op
 N split over XLA's pool), ``xla`` (``JAXSERVE_CPU_BLAS=0``: XLA's dot above 16 rows), ``blas1`` (one OpenBLAS
 thread, no split) and ``ob2`` (OpenBLAS's own two threads, no split); with ``--dtype bfloat16``: ``amx`` (the default
 on a CPU with AMX tiles) and ``noamx`` (``JAXSERVE_CPU_AMX=0``: bf16_matmul up to 16 rows, XLA's dot above), ``bf16kv``
-(the default: a bf16 model's KV pool in bf16 where the C++ attention kernel reads it) and ``f32kv`` (that pool in
-float32, as before). The engines share the model's jitted step
+(the default: a bf16 model's KV pool holds bf16 bits where the C++ attention kernel reads it) and ``f32kv`` (that
+pool in float32, as before). The engines share the model's jitted step
 programs, whose cache key is the static config and not the switch, so each variant's config differs in a field the
 model does not read (``rope_original_max_position``, used by llama3 RoPE only: the models here use the default).
 Rounds alternate the variants (the order rotated each round); reported: output tokens/s median and range.
@@ -35,7 +35,7 @@ from jaxserve.bench.backends import BenchModel, BenchOptions, JaxserveBackend
 from jaxserve.bench.throughput import git_commit, load_model, machine
 from jaxserve.bench.workload import make_workload
 from jaxserve.kernels import cpu
-from jaxserve.kernels.cpu import attention as cpu_attention
+from jaxserve.models.attention_backends import XlaAttention
 from jaxserve.kernels.cpu import build
 
 # variant -> (environment, f32_gemm's threads (None: the default), OpenBLAS's threads)
@@ -43,9 +43,8 @@ VARIANTS = {"blas": ({cpu.matmul.BLAS_SWITCH: "1"}, None, 1), "xla": ({cpu.matmu
             "blas1": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 1), "ob2": ({cpu.matmul.BLAS_SWITCH: "1"}, 1, 2),
             "amx": ({cpu.matmul.AMX_SWITCH: "1"}, None, 1), "noamx": ({cpu.matmul.AMX_SWITCH: "0"}, None, 1),
             "bf16kv": ({}, None, 1), "f32kv": ({}, None, 1)}
-# variants whose KV pool dtypes the attention kernel is limited to while their engine is built (the storage dtype a
-# bf16 model's pool gets: jaxserve.models.attention_backends.XlaAttention.storage_dtype)
-POOL_DTYPES = {"f32kv": (jnp.dtype(jnp.float32),)}
+# variants whose KV pools are float32 whatever the model's dtype (XlaAttention.storage_dtype while their engine is built)
+F32_POOLS = {"f32kv"}
 WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "prefill": (16, 512, 4)}  # requests, in, out
 
 
@@ -53,9 +52,10 @@ WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "prefill": (16, 5
 def variant(name):
     """The variant's environment, GEMM threads (at trace time) and OpenBLAS threads (at run time)."""
     env, gemm_threads, ob_threads = VARIANTS[name]
-    saved_env, saved_gemm, saved_pools = {k: os.environ.get(k) for k in env}, cpu.f32_gemm, cpu_attention.POOL_DTYPES
+    saved_env, saved_gemm, saved_pools = {k: os.environ.get(k) for k in env}, cpu.f32_gemm, XlaAttention.storage_dtype
     os.environ.update(env)
-    cpu_attention.POOL_DTYPES = POOL_DTYPES.get(name, saved_pools)
+    if name in F32_POOLS:
+        XlaAttention.storage_dtype = lambda self, dtype: jnp.dtype(jnp.float32)
     if gemm_threads is not None:
         cpu.f32_gemm = lambda x, w, transpose_w=False, threads=None: saved_gemm(x, w, transpose_w=transpose_w,
                                                                                 threads=gemm_threads)
@@ -66,7 +66,7 @@ def variant(name):
         yield
     finally:
         cpu.f32_gemm = saved_gemm
-        cpu_attention.POOL_DTYPES = saved_pools
+        XlaAttention.storage_dtype = saved_pools
         for k, v in saved_env.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         if blas:

@@ -7,7 +7,8 @@ or ``[P, K, D, S]`` (tokens innermost) when the layer's static ``k_tokens_minor`
 layout the plain-XLA attention reads fastest (why: ``pallas_kernels/paged_attention/online.py``).
 The layout is fixed when the pool is built (by the attention backend that will read it:
 ``jaxserve.models.attention_backends``) and travels with the pool, so nothing re-derives it.
-Pages stay axis 0 in both layouts, so block copies and all host bookkeeping ignore it.
+Pages stay axis 0 in both layouts, so block copies and all host bookkeeping ignore it. A ``uint16`` pool holds bf16
+bits (a bf16 model's pool on CPU where the C++ attention kernel reads it: ``attention_backends.XlaAttention``).
 Separate per-layer buffers (not one stacked array) let a jitted step donate and update each
 layer in place; a stacked ``lax.scan`` layout copies the cache every step (docs/architecture.md).
 """
@@ -43,23 +44,21 @@ class KVLayer:
         # Indexed by (page, offset), not through a [P*S, K, D] reshape: with one KV head that reshape
         # let XLA:CPU give the scattered pool a permuted layout and copy every layer's whole pool back
         # (in the engine's speculative round, ~4 ms of copies per round for the 1-head draft).
-        new_v = _as_bits(self.v, lambda bits, cast: bits.at[page, offset].set(cast(v), mode="drop"))
+        cast = _caster(self.v.dtype)
+        new_v = self.v.at[page, offset].set(cast(v), mode="drop")
         if self.k_tokens_minor:
-            new_k = _as_bits(self.k, lambda bits, cast: bits.at[page, :, :, offset].set(cast(k), mode="drop"))
+            new_k = self.k.at[page, :, :, offset].set(cast(k), mode="drop")
         else:
-            new_k = _as_bits(self.k, lambda bits, cast: bits.at[page, offset].set(cast(k), mode="drop"))
+            new_k = self.k.at[page, offset].set(cast(k), mode="drop")
         return self.replace(k=new_k, v=new_v)
 
 
-def _as_bits(pages: jax.Array, update):
-    """``update(pages, cast)`` (cast: rows -> pages' dtype), where a 16-bit float pool on CPU is handed over as its
-    uint16 bits: XLA:CPU has no bf16/f16 scatter or gather and would widen the layer's whole pool to float32 (and
-    back) around each one, while moving the bits is exact and in place."""
-    if jax.default_backend() != "cpu" or pages.dtype.itemsize != 2 or not jnp.issubdtype(pages.dtype, jnp.floating):
-        return update(pages, lambda rows: rows.astype(pages.dtype))
-    bits = jax.lax.bitcast_convert_type(pages, jnp.uint16)
-    out = update(bits, lambda rows: jax.lax.bitcast_convert_type(rows.astype(pages.dtype), jnp.uint16))
-    return jax.lax.bitcast_convert_type(out, pages.dtype)
+def _caster(pool_dtype):
+    """New K/V rows -> the pool's elements: a ``uint16`` pool holds bf16 bits (rows rounded to bf16, then bit-cast:
+    XLA:CPU has no bf16 scatter, and bit-casting a bf16 pool instead would copy all of it)."""
+    if pool_dtype == jnp.uint16:
+        return lambda rows: jax.lax.bitcast_convert_type(rows.astype(jnp.bfloat16), jnp.uint16)
+    return lambda rows: rows.astype(pool_dtype)
 
 
 @struct.dataclass
@@ -90,7 +89,7 @@ class KVPool:
         def copy(pages):
             num_pages = pages.shape[0]
             safe_dst = jnp.where(dst < 0, num_pages, dst)
-            return _as_bits(pages, lambda p, _: p.at[safe_dst].set(p[jnp.clip(src, 0, num_pages - 1)], mode="drop"))
+            return pages.at[safe_dst].set(pages[jnp.clip(src, 0, num_pages - 1)], mode="drop")
 
         return self.replace(layers=tuple(layer.replace(k=copy(layer.k), v=copy(layer.v)) for layer in self.layers))
 

@@ -81,32 +81,40 @@ class XlaAttention(AttentionBackend):
     k_tokens_minor: bool = True
 
     def storage_dtype(self, dtype) -> jnp.dtype:
-        """On XLA:CPU a bf16 model's pool is bf16 where the C++ attention kernel reads it
-        (``cpu_attention.available()``): writes move the bits (``jaxserve.cache.kv_pool``), the kernel widens
-        each element as it reads it, so attention sees the values a float32 pool would hold, at half the bytes.
-        Other 16-bit pools on CPU are float32: XLA:CPU has no bf16/f16 arithmetic on gathered pages and would
-        widen each layer's whole pool to float32 (and narrow it back) around every page read (SmolLM2-135M in bf16
-        at batch 1: ~72 of ~125 ms of device time, when its writes did so too). K/V rows arrive rounded to the
-        model's dtype and float32 holds them exactly, so attention reads the same values, at twice the memory."""
+        """On XLA:CPU a bf16 model's pool holds its bf16 bits as ``uint16`` where the C++ attention kernel reads it
+        (``cpu_attention.available()``): XLA:CPU has no bf16 scatter or gather (a bf16 pool, or a bit-cast of one,
+        would be copied whole around each write), while uint16 rows scatter in place and the kernel widens each
+        element as it reads it, so attention sees the values a float32 pool would hold, at half the bytes.
+        Other 16-bit pools on CPU are float32: XLA would widen each layer's whole pool to float32 (and narrow it
+        back) around every write and page read (SmolLM2-135M in bf16 at batch 1: ~72 of ~125 ms of device time).
+        K/V rows arrive rounded to the model's dtype and float32 holds them exactly: the same values, twice the
+        memory."""
         dtype = jnp.dtype(dtype)
         if jax.default_backend() != "cpu" or dtype.itemsize >= 4:
             return dtype
-        return dtype if dtype in cpu_attention.POOL_DTYPES and cpu_attention.available() else jnp.dtype(jnp.float32)
+        return jnp.dtype(jnp.uint16) if dtype == jnp.bfloat16 and cpu_attention.available() else jnp.dtype(jnp.float32)
+
+    @staticmethod
+    def _as_float(k_pages, v_pages):
+        """Pools of bf16 bits as bf16 for the XLA loop (the kernel switched off after the pool was built)."""
+        if k_pages.dtype == jnp.uint16:
+            return tuple(jax.lax.bitcast_convert_type(x, jnp.bfloat16) for x in (k_pages, v_pages))
+        return k_pages, v_pages
 
     def decode(self, q, k_pages, v_pages, tables, lens, **kw):
         if cpu_attention.usable(k_pages, v_pages):
             return cpu_attention.paged_attention_cpu(q, k_pages, v_pages, tables, lens, **kw)
-        return pa.paged_attention_online(q, k_pages, v_pages, tables, lens, **kw)
+        return pa.paged_attention_online(q, *self._as_float(k_pages, v_pages), tables, lens, **kw)
 
     def uniform(self, q, k_pages, v_pages, tables, lens, q_len: int, **kw):
         if cpu_attention.usable(k_pages, v_pages):
             return cpu_attention.uniform_paged_attention_cpu(q, k_pages, v_pages, tables, lens, q_len, **kw)
-        return pa.uniform_paged_attention_online(q, k_pages, v_pages, tables, lens, q_len, **kw)
+        return pa.uniform_paged_attention_online(q, *self._as_float(k_pages, v_pages), tables, lens, q_len, **kw)
 
     def ragged(self, q, k_pages, v_pages, tables, lens, cu_q_lens, *, max_chunks=None, **kw):
         if cpu_attention.usable(k_pages, v_pages):
             return cpu_attention.ragged_paged_attention_cpu(q, k_pages, v_pages, tables, lens, cu_q_lens, **kw)
-        return pa.ragged_paged_attention_online(q, k_pages, v_pages, tables, lens, cu_q_lens,
+        return pa.ragged_paged_attention_online(q, *self._as_float(k_pages, v_pages), tables, lens, cu_q_lens,
                                                 max_chunks=max_chunks, **kw)
 
 

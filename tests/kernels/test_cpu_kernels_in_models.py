@@ -144,9 +144,9 @@ def test_engine_greedy_tokens_equal_with_and_without_attention_kernel(dtype, mon
 
 
 def test_bf16_model_keeps_a_bf16_kv_pool_with_the_outputs_of_a_float32_one(monkeypatch):
-    """Where the C++ attention kernel reads the pool, a bf16 model's KV pool is bf16 (half the memory: twice the
-    blocks in one budget); K/V arrive rounded to bf16 either way and the kernel widens them as it reads, so greedy
-    tokens and their log-probs are those of a float32 pool, bit for bit (prefix-cache block copies included)."""
+    """Where the C++ attention kernel reads the pool, a bf16 model's KV pool holds bf16 bits (uint16: half the memory,
+    twice the blocks in one budget); K/V arrive rounded to bf16 either way and the kernel widens them as it reads, so
+    greedy tokens and their log-probs are those of a float32 pool, bit for bit (prefix-cache block copies included)."""
     prompts = ["def add(a, b):", "def add(a, b):\n    return", "class Stack:\n    def push(self, x):"]
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
 
@@ -156,10 +156,11 @@ def test_bf16_model_keeps_a_bf16_kv_pool_with_the_outputs_of_a_float32_one(monke
         return llm.engine.runner.pool.layers[0].k.dtype, llm.stats()["kv_blocks_total"], outs
     jax.clear_caches()
     dtype, blocks, bf16 = run()
-    monkeypatch.setattr(cpu_attention, "POOL_DTYPES", (jnp.dtype(jnp.float32),))
+    from jaxserve.models.attention_backends import XlaAttention
+    monkeypatch.setattr(XlaAttention, "storage_dtype", lambda self, dtype: jnp.dtype(jnp.float32))  # as before
     jax.clear_caches()
     dtype32, blocks32, f32 = run()
     jax.clear_caches()
-    assert (dtype, dtype32) == (jnp.bfloat16, jnp.float32) and blocks // 2 == blocks32
+    assert (dtype, dtype32) == (jnp.uint16, jnp.float32) and blocks // 2 == blocks32
     assert [o.token_ids for o in bf16] == [o.token_ids for o in f32]
     assert [o.logprobs for o in bf16] == [o.logprobs for o in f32]

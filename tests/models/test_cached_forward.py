@@ -119,9 +119,9 @@ def test_fresh_needs_uniform_rows():
 
 def test_bf16_model_pool_dtype_on_cpu_and_reads_the_same_values():
     """XLA:CPU widens a whole bf16 pool around every gather, so the xla backend stores a bf16 model's K/V in
-    float32 there unless the C++ attention kernel reads the pool (``cpu_attention.available()``), which widens each
-    element as it reads it. The rows written are bf16-rounded, so the logits from a float32 pool and a bf16 pool are
-    equal bit for bit (prefill, then decode steps reading the cache)."""
+    float32 there unless the C++ attention kernel reads the pool (``cpu_attention.available()``): then as bf16 bits
+    (uint16), each element widened as it is read. The rows written are bf16-rounded, so the logits from float32,
+    bf16 and bf16-bits pools are equal bit for bit (prefill, then decode steps reading the cache)."""
     from jaxserve.kernels.cpu import attention as cpu_attention
     from jaxserve.models.attention_backends import attention_backend
     run = jax.jit(forward, static_argnames=("config", "attention_impl"))
@@ -129,14 +129,14 @@ def test_bf16_model_pool_dtype_on_cpu_and_reads_the_same_values():
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init_params(config, jax.random.key(2)))
     chosen = new_kv_pool(config, 8, BLOCK, "xla").layers[0]
     if jax.default_backend() == "cpu":
-        assert chosen.k.dtype == chosen.v.dtype == (jnp.bfloat16 if cpu_attention.available() else jnp.float32)
+        assert chosen.k.dtype == chosen.v.dtype == (jnp.uint16 if cpu_attention.available() else jnp.float32)
     minor = attention_backend("xla").k_tokens_minor
-    wide, narrow = (init_kv_pool(config.num_layers, 8, BLOCK, config.num_kv_heads, config.head_dim, dt,
-                                 k_tokens_minor=minor) for dt in (jnp.float32, jnp.bfloat16))
+    pools = [init_kv_pool(config.num_layers, 8, BLOCK, config.num_kv_heads, config.head_dim, dt, k_tokens_minor=minor)
+             for dt in (jnp.float32, jnp.bfloat16, jnp.uint16)]
     tokens = np.random.default_rng(2).integers(0, config.vocab_size, 11)
     table = [[5, 2, 7]]
     outs = []
-    for pool in (wide, narrow):
+    for pool in pools:
         got = []
         meta = metadata(table, [0], [8])
         logits, pool = run(params, config, jnp.array(tokens[:8], jnp.int32), jnp.arange(8, dtype=jnp.int32), pool,
@@ -148,4 +148,5 @@ def test_bf16_model_pool_dtype_on_cpu_and_reads_the_same_values():
                                pool, meta, attention_impl="xla")
             got.append(np.asarray(logits))
         outs.append(np.concatenate(got))
-    np.testing.assert_array_equal(outs[0], outs[1])
+    for other in outs[1:]:
+        np.testing.assert_array_equal(other, outs[0])

@@ -3,8 +3,8 @@
 //   jaxserve_paged_attention: o f32[T, H, D] from q f32[T, H, D], kt_pages f32[P, K, D, S] (tokens innermost),
 //       v_pages f32[P, S, K, D], block_tables i32[B, M], context_lens i32[B], cu_q_lens i32[B+1];
 //       attributes sm_scale, soft_cap (0: none), sliding_window (0: none), threads.
-//   jaxserve_paged_attention_bf16: the same over bf16 pools (a bf16 model's K/V, read at half the bytes), each
-//       element widened to float32 as it is loaded: the same sums as over float32 pools holding those values.
+//   jaxserve_paged_attention_bf16: the same over pools of bf16 bits (u16[...]: a bf16 model's K/V, read at half the
+//       bytes), each element widened to float32 as it is loaded: the same sums as float32 pools holding those values.
 //
 // Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] of q; its i-th row sits at position
 // context_lens[b] - q_len_b + i and sees the keys at positions <= its own, < context_lens[b] (and < M*S), and,
@@ -335,7 +335,7 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi:
                           ffi::Buffer<ffi::S32, 1> context_lens, ffi::Buffer<ffi::S32, 1> cu_q_lens,
                           ffi::ResultBuffer<ffi::F32, 3> out, float sm_scale, float soft_cap, int64_t sliding_window,
                           int64_t threads) {
-  using KV = std::conditional_t<kKV == ffi::BF16, uint16_t, float>;  // bf16 as its bits
+  using KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>;  // u16: bf16 bits
   const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
   Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
            sm_scale, soft_cap, sliding_window};
@@ -354,7 +354,7 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi:
 // Aliases: the handler macro cannot take template arguments with commas.
 using F32Tokens = ffi::Buffer<ffi::F32, 3>;
 using F32Pages = ffi::Buffer<ffi::F32, 4>;
-using Bf16Pages = ffi::Buffer<ffi::BF16, 4>;
+using Bf16BitsPages = ffi::Buffer<ffi::U16, 4>;
 using S32Matrix = ffi::Buffer<ffi::S32, 2>;
 using S32Vector = ffi::Buffer<ffi::S32, 1>;
 
@@ -375,4 +375,4 @@ using S32Vector = ffi::Buffer<ffi::S32, 1>;
                                     .Attr<int64_t>("threads"));
 
 JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention, F32, F32Pages)
-JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention_bf16, BF16, Bf16Pages)
+JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention_bf16, U16, Bf16BitsPages)

@@ -2,10 +2,11 @@
 ``pallas_kernels.paged_attention.online``.
 
 Axis names: B sequences, T packed query tokens, H query heads, K kv heads, D head dim, P pages in the pool,
-S page size, M pages per block table. The pools are float32 or bf16 (``POOL_DTYPES``; both the same) in the layout
-the online path reads: K with tokens innermost, ``kt_pages [P, K, D, S]``, and ``v_pages [P, S, K, D]``. bf16 pools
-(a bf16 model's K/V, at half the bytes) are widened to float32 element by element as they are read: the result is
-the one float32 pools holding the same values give.
+S page size, M pages per block table. The pools are float32, or bf16 held as its bits (``uint16``: a bf16 model's K/V
+at half the bytes, the engine's pools where this kernel reads them), in the layout the online path reads: K with
+tokens innermost, ``kt_pages [P, K, D, S]``, and ``v_pages [P, S, K, D]``. Each bf16 element is widened to float32
+as it is read: the result is the one float32 pools holding the same values give. (bf16 arrays are taken too, and
+bit-cast: XLA:CPU copies a whole array to do that, so the engine keeps its pools as ``uint16``.)
 
 - ``paged_attention_cpu``: decode, one query token per sequence (``paged_attention_online``);
 - ``uniform_paged_attention_cpu``: ``q_len`` tokens per sequence (``uniform_paged_attention_online``);
@@ -30,8 +31,8 @@ import numpy as np
 from jaxserve.kernels.cpu import build, matmul
 
 ENV_SWITCH = "JAXSERVE_CPU_ATTENTION"
-TARGETS = {jnp.dtype(jnp.float32): "jaxserve_paged_attention", jnp.dtype(jnp.bfloat16): "jaxserve_paged_attention_bf16"}
-POOL_DTYPES = tuple(TARGETS)
+TARGETS = {jnp.dtype(jnp.float32): "jaxserve_paged_attention", jnp.dtype(jnp.uint16): "jaxserve_paged_attention_bf16"}
+POOL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16))  # uint16: bf16 bits
 
 
 def available() -> bool:
@@ -79,8 +80,8 @@ def _check(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens):
     if q.shape[2] != d or q.shape[1] % k:
         raise ValueError(f"paged_attention_cpu: q{q.shape} needs head dim {d} and a multiple of {k} heads")
     if kt_pages.dtype != v_pages.dtype or kt_pages.dtype not in POOL_DTYPES:
-        raise ValueError(f"paged_attention_cpu: the pools must be both float32 or both bfloat16, got "
-                         f"{kt_pages.dtype}, {v_pages.dtype}")
+        raise ValueError(f"paged_attention_cpu: the pools must be both float32, both bfloat16 or both uint16 "
+                         f"(bfloat16 bits), got {kt_pages.dtype}, {v_pages.dtype}")
     if not jnp.issubdtype(q.dtype, jnp.floating):
         raise ValueError(f"paged_attention_cpu: q must be floating point, got {q.dtype}")
     b = block_tables.shape[0]
@@ -102,6 +103,8 @@ def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scal
     if build.load() is None:
         raise RuntimeError("paged_attention_cpu: the CPU kernels are unavailable (see the logged warning)")
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    if kt_pages.dtype == jnp.bfloat16:  # (a copy of each pool under XLA:CPU: the engine hands over uint16 pools)
+        kt_pages, v_pages = (jax.lax.bitcast_convert_type(x, jnp.uint16) for x in (kt_pages, v_pages))
     call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], jax.ShapeDtypeStruct(q.shape, jnp.float32),
                             vmap_method="sequential")
     out = call(q.astype(jnp.float32), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
