@@ -73,9 +73,10 @@ def dot_via(matmul_dtype):
         del preferred_element_type
         out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         if jnp.dtype(matmul_dtype) == jnp.bfloat16:
-            route = _cpu_route(lhs, rhs.astype(jnp.bfloat16), dimension_numbers)
+            w = rhs.astype(jnp.bfloat16)
+            route = _cpu_route(lhs, w, dimension_numbers)
             if route:
-                return _cpu_matmul(lhs, rhs.astype(jnp.bfloat16), False, route).astype(out_dtype)
+                return _cpu_matmul(lhs, w, False, route).astype(out_dtype)
         rows = lhs.shape[0] if lhs.ndim == 2 and dimension_numbers[0][0] == (1,) else None
         if rows == 1:
             lhs = jnp.concatenate([lhs, lhs])
