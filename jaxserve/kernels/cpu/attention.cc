@@ -13,8 +13,10 @@
 // and decode) batches are the same call: the contracts of pallas_kernels/paged_attention/online.py.
 //
 // Work items are (sequence, kv head, up to kRowsPerItem rows): the G query heads of those rows share each K/V page
-// read. An item reads only the pages holding keys one of its rows sees, each page through its block-table id
-// clamped into [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
+// read. An item walks its pages in groups of up to 128 keys: scores of four 16-key pages at once (independent FMA
+// chains), one softmax update per group (one max, one exp pass, one rescale), then the group's V rows. An item
+// reads only the pages holding keys one of its rows sees, each page through its block-table id clamped into
+// [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
 // the context, or before the window) may hold anything, NaN included: their scores are selected away and their V
 // rows never touched. Items run on XLA's intra-op pool (parallel.h); each computes its outputs alone, in one
 // order, so the result does not depend on the thread count.
@@ -109,89 +111,119 @@ inline float widen(uint16_t h) {
 
 void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 
-// Scores of kN query vectors (rows of q, D each) against one page's K, kt [D, kS] -> s [kN, sp]; kS a multiple of
-// the lanes, the accumulators in registers, each K row loaded once for the kN vectors.
-template <int kS, int kN, class KV>
-void scores_fixed(const float* q, int64_t D, const KV* kt, float* s, int64_t sp) {
+// Scores of kN query vectors (rows of q, D each) against kP pages' K, kt[c] [D, kS] -> s [kN, ld], page c's at
+// columns c * kS: kS a multiple of the lanes, kN * kP * kS / 16 accumulators in registers (independent chains: one
+// page of 16 keys alone left the FMAs waiting on each other), each K row loaded once for the kN vectors.
+template <int kS, int kN, int kP, class KV>
+void scores_fixed(const float* q, int64_t D, const KV* const* kt, float* s, int64_t ld) {
   constexpr int C = kS / kLanes;
-  vf a[kN][C] = {};
+  vf a[kN][kP][C] = {};
   for (int64_t d = 0; d < D; ++d)
-    for (int c = 0; c < C; ++c) {
-      const vf k = load(kt + d * kS + c * kLanes);
-      for (int n = 0; n < kN; ++n) a[n][c] += q[n * D + d] * k;
-    }
+    for (int p = 0; p < kP; ++p)
+      for (int c = 0; c < C; ++c) {
+        const vf k = load(kt[p] + d * kS + c * kLanes);
+        for (int n = 0; n < kN; ++n) a[n][p][c] += q[n * D + d] * k;
+      }
   for (int n = 0; n < kN; ++n)
-    for (int c = 0; c < C; ++c) store(s + n * sp + c * kLanes, a[n][c]);
+    for (int p = 0; p < kP; ++p)
+      for (int c = 0; c < C; ++c) store(s + n * ld + p * kS + c * kLanes, a[n][p][c]);
 }
 
-// Scores of nq query vectors against one page's K, kt [D, S] -> s [nq, sp] (sp >= S).
-template <int kS, class KV>
-void scores(const float* q, int64_t nq, int64_t D, const KV* kt, int64_t S_rt, float* s, int64_t sp) {
+// Scores of nq query vectors against kP pages (kS > 0), or one page of S_rt keys (kS = 0, kP = 1) -> s [nq, ld].
+template <int kS, int kP, class KV>
+void scores(const float* q, int64_t nq, int64_t D, const KV* const* kt, int64_t S_rt, float* s, int64_t ld) {
   if constexpr (kS > 0) {
     int64_t i = 0;
-    for (; i + 4 <= nq; i += 4) scores_fixed<kS, 4>(q + i * D, D, kt, s + i * sp, sp);
+    for (; i + 4 <= nq; i += 4) scores_fixed<kS, 4, kP>(q + i * D, D, kt, s + i * ld, ld);
     switch (nq - i) {
-      case 3: scores_fixed<kS, 3>(q + i * D, D, kt, s + i * sp, sp); break;
-      case 2: scores_fixed<kS, 2>(q + i * D, D, kt, s + i * sp, sp); break;
-      case 1: scores_fixed<kS, 1>(q + i * D, D, kt, s + i * sp, sp); break;
+      case 3: scores_fixed<kS, 3, kP>(q + i * D, D, kt, s + i * ld, ld); break;
+      case 2: scores_fixed<kS, 2, kP>(q + i * D, D, kt, s + i * ld, ld); break;
+      case 1: scores_fixed<kS, 1, kP>(q + i * D, D, kt, s + i * ld, ld); break;
       default: break;
     }
     return;
   }
   const int64_t S = S_rt;
   for (int64_t i = 0; i < nq; ++i) {
-    float* out = s + i * sp;
+    float* out = s + i * ld;
     std::fill(out, out + S, 0.f);
     for (int64_t d = 0; d < D; ++d) {
       const float qd = q[i * D + d];
-      const KV* k = kt + d * S;
+      const KV* k = kt[0] + d * S;
       for (int64_t j = 0; j < S; ++j) out[j] += qd * widen(k[j]);
     }
   }
 }
 
-// acc [kN, D] += p [kN, sp] (keys j0..j1) @ V rows (vp + j * stride, D each), each V row chunk loaded once.
-template <int kN, class KV>
-void pv_fixed(const float* p, int64_t sp, int64_t j0, int64_t j1, const KV* vp, int64_t stride, float* acc,
-              int64_t D) {
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes) {
-    vf a[kN];
-    for (int n = 0; n < kN; ++n) a[n] = load(acc + n * D + d);
-    for (int64_t j = j0; j <= j1; ++j) {
-      const vf x = load(vp + j * stride + d);
-      for (int n = 0; n < kN; ++n) a[n] += p[n * sp + j] * x;
+// One page of a group for the V pass: its keys j0..j1 (those some row sees), their probabilities at column col + j
+// of the group's rows, its V rows at vp + j * stride.
+template <class KV>
+struct PageV {
+  const KV* vp;
+  int64_t col, j0, j1;
+};
+
+// acc [kN, D] columns d .. d + kD * 16 += probabilities p [kN, ld] @ the pages' V rows, in page and then key order
+// (the order of one page at a time): the chunk stays in registers while every key of the group passes, each V row
+// chunk loaded once for the kN vectors.
+template <int kN, int kD, class KV>
+void pv_chunk(const float* p, int64_t ld, const PageV<KV>* pages, int64_t npages, int64_t stride, float* acc,
+              int64_t D, int64_t d) {
+  vf a[kN][kD];
+  for (int n = 0; n < kN; ++n)
+    for (int t = 0; t < kD; ++t) a[n][t] = load(acc + n * D + d + t * kLanes);
+  for (int64_t c = 0; c < npages; ++c) {
+    const PageV<KV>& pg = pages[c];
+    for (int64_t j = pg.j0; j <= pg.j1; ++j) {
+      vf x[kD];
+      for (int t = 0; t < kD; ++t) x[t] = load(pg.vp + j * stride + d + t * kLanes);
+      for (int n = 0; n < kN; ++n) {
+        const float pj = p[n * ld + pg.col + j];
+        for (int t = 0; t < kD; ++t) a[n][t] += pj * x[t];
+      }
     }
-    for (int n = 0; n < kN; ++n) store(acc + n * D + d, a[n]);
   }
-  for (; d < D; ++d)
-    for (int64_t j = j0; j <= j1; ++j)
-      for (int n = 0; n < kN; ++n) acc[n * D + d] += p[n * sp + j] * widen(vp[j * stride + d]);
+  for (int n = 0; n < kN; ++n)
+    for (int t = 0; t < kD; ++t) store(acc + n * D + d + t * kLanes, a[n][t]);
 }
 
+template <int kN, class KV>
+void pv_fixed(const float* p, int64_t ld, const PageV<KV>* pages, int64_t npages, int64_t stride, float* acc,
+              int64_t D) {
+  int64_t d = 0;
+  for (; d + 4 * kLanes <= D; d += 4 * kLanes) pv_chunk<kN, 4>(p, ld, pages, npages, stride, acc, D, d);
+  for (; d + kLanes <= D; d += kLanes) pv_chunk<kN, 1>(p, ld, pages, npages, stride, acc, D, d);
+  for (; d < D; ++d)
+    for (int64_t c = 0; c < npages; ++c)
+      for (int64_t j = pages[c].j0; j <= pages[c].j1; ++j)
+        for (int n = 0; n < kN; ++n)
+          acc[n * D + d] += p[n * ld + pages[c].col + j] * widen(pages[c].vp[j * stride + d]);
+}
+
+// acc [nq, D] += probabilities p [nq, ld] @ the pages' V rows.
 template <class KV>
-void pv(const float* p, int64_t nq, int64_t sp, int64_t j0, int64_t j1, const KV* vp, int64_t stride,
-        float* acc, int64_t D) {
+void pv(const float* p, int64_t nq, int64_t ld, const PageV<KV>* pages, int64_t npages, int64_t stride, float* acc,
+        int64_t D) {
   int64_t i = 0;
-  for (; i + 4 <= nq; i += 4) pv_fixed<4>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D);
+  for (; i + 4 <= nq; i += 4) pv_fixed<4>(p + i * ld, ld, pages, npages, stride, acc + i * D, D);
   switch (nq - i) {
-    case 3: pv_fixed<3>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
-    case 2: pv_fixed<2>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
-    case 1: pv_fixed<1>(p + i * sp, sp, j0, j1, vp, stride, acc + i * D, D); break;
+    case 3: pv_fixed<3>(p + i * ld, ld, pages, npages, stride, acc + i * D, D); break;
+    case 2: pv_fixed<2>(p + i * ld, ld, pages, npages, stride, acc + i * D, D); break;
+    case 1: pv_fixed<1>(p + i * ld, ld, pages, npages, stride, acc + i * D, D); break;
     default: break;
   }
 }
 
-// Folds one page's scores s [sp] (visible lanes a..b) into a query vector's running max / sum / accumulator;
-// leaves the probabilities in s (zero outside a..b).
-void softmax_update(float* s, int64_t sp, int64_t a, int64_t b, float soft_cap, float& mx, float& sum, float* acc,
+// Folds a group's scores s [width] (visible lanes a..b; width a multiple of the lanes) into a query vector's running
+// max / sum / accumulator; leaves the probabilities in s (zero outside a..b).
+void softmax_update(float* s, int64_t width, int64_t a, int64_t b, float soft_cap, float& mx, float& sum, float* acc,
                     int64_t D) {
   if (soft_cap > 0)
     for (int64_t j = a; j <= b; ++j) s[j] = soft_cap * std::tanh(s[j] / soft_cap);
   const vi iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int32_t a32 = int32_t(a), b32 = int32_t(b);
   vf m = splat(kNegInf);
-  for (int64_t j0 = 0; j0 < sp; j0 += kLanes) {
+  for (int64_t j0 = 0; j0 < width; j0 += kLanes) {
     const vi j = iota + int32_t(j0);
     const vf x = load(s + j0);
     m = (j >= a32) & (j <= b32) & (x > m) ? x : m;  // a select: a masked lane may hold NaN
@@ -201,7 +233,7 @@ void softmax_update(float* s, int64_t sp, int64_t a, int64_t b, float soft_cap, 
   const float new_max = std::max(mx, page_max);
   const float scale = std::exp(mx - new_max);  // 0 on the first visible page (mx = -inf)
   vf total = {};
-  for (int64_t j0 = 0; j0 < sp; j0 += kLanes) {
+  for (int64_t j0 = 0; j0 < width; j0 += kLanes) {
     const vi j = iota + int32_t(j0);
     const vf e = vexp(load(s + j0) - new_max);
     const vf p = (j >= a32) & (j <= b32) ? e : splat(0.f);
@@ -216,24 +248,40 @@ void softmax_update(float* s, int64_t sp, int64_t a, int64_t b, float soft_cap, 
     for (int64_t d = 0; d < D; ++d) acc[d] *= scale;
 }
 
-// Asks for a page's K block [D, S] and the V rows of one head (S rows of D, stride apart) ahead of use: the
-// pages lie anywhere in the pool, beyond what the hardware prefetcher guesses.
+// Ask for a page's K block [D, S] (k_elements) or the V rows of one head (S rows of D, stride apart) ahead of use:
+// the pages lie anywhere in the pool, beyond what the hardware prefetcher guesses.
 template <class KV>
-void prefetch_page(const KV* kp, int64_t k_elements, const KV* vp, int64_t S, int64_t stride, int64_t D) {
+void prefetch_k(const KV* kp, int64_t k_elements) {
   constexpr int64_t kLine = 64 / sizeof(KV);  // elements a cache line
   for (int64_t f = 0; f < k_elements; f += kLine) __builtin_prefetch(kp + f);
+}
+
+template <class KV>
+void prefetch_v(const KV* vp, int64_t S, int64_t stride, int64_t D) {
+  constexpr int64_t kLine = 64 / sizeof(KV);
   for (int64_t j = 0; j < S; ++j)
     for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(vp + j * stride + d);
 }
 
+// Pages of kS keys scored together (kP: 64 keys, four accumulator chains per query vector) and folded into the
+// softmax together (a group: up to kGroupKeys keys, one max, one exp pass and one rescale for all of them).
+constexpr int64_t kGroupKeys = 128;
+constexpr int64_t kMaxGroup = kGroupKeys / kLanes;
+template <int kS>
+constexpr int64_t kScorePages = kS > 0 ? std::max(1, 64 / kS) : 1;
+template <int kS>
+constexpr int64_t kGroupPages = kS > 0 ? std::max<int64_t>(kScorePages<kS>, kGroupKeys / kS) : 1;
+
 template <int kS, class KV>
 void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, const int32_t* tables,
                  int64_t context_len, const Item& it, float* out, Scratch& w) {
-  const int64_t D = sh.D, G = sh.G, S = kS ? kS : sh.S, sp = (S + kLanes - 1) / kLanes * kLanes;
+  constexpr int64_t kP = kScorePages<kS>, kG = kGroupPages<kS>;
+  static_assert(kG % kP == 0 && kG <= kMaxGroup, "a group is whole score calls");
+  const int64_t D = sh.D, G = sh.G, S = kS ? kS : sh.S, sp = (S + kLanes - 1) / kLanes * kLanes, ld = kG * sp;
   const int64_t nq = it.rows * G;
   w.q.resize(nq * D);
   w.acc.assign(nq * D, 0.f);
-  w.p.assign(nq * sp, 0.f);
+  w.p.resize(nq * ld);
   w.mx.assign(nq, kNegInf);
   w.sum.assign(nq, 0.f);
   w.lo.resize(nq);
@@ -254,24 +302,35 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
       hi = std::max(hi, w.hi[r * G]);
     }
   }
-  for (int64_t page = lo / S; hi >= lo && page <= hi / S; ++page) {
-    const int64_t id = std::clamp<int64_t>(tables[page], 0, sh.P - 1), first = page * S;
-    const KV* kp = kt + (id * sh.K + it.head) * D * S;
-    const KV* vp = v + (id * S * sh.K + it.head) * D;
-    if (page < hi / S) {
-      const int64_t next = std::clamp<int64_t>(tables[page + 1], 0, sh.P - 1);
-      prefetch_page(kt + (next * sh.K + it.head) * D * S, D * S, v + (next * S * sh.K + it.head) * D, S, sh.K * D, D);
+  const KV* kp[kMaxGroup];
+  PageV<KV> vpages[kMaxGroup];
+  auto page_id = [&](int64_t page) { return std::clamp<int64_t>(tables[page], 0, sh.P - 1); };
+  for (int64_t g0 = lo / S; hi >= lo && g0 <= hi / S; g0 += kG) {
+    const int64_t pages = std::min(kG, hi / S - g0 + 1), first = g0 * S;
+    for (int64_t c = 0; c < pages; ++c) {
+      const int64_t id = page_id(g0 + c), key0 = first + c * S;
+      kp[c] = kt + (id * sh.K + it.head) * D * S;
+      vpages[c] = {v + (id * S * sh.K + it.head) * D, c * sp, std::max(lo - key0, int64_t(0)),
+                   std::min(hi - key0, S - 1)};
     }
-    scores<kS>(w.q.data(), nq, D, kp, S, w.p.data(), sp);
+    for (int64_t c = pages; c < (pages + kP - 1) / kP * kP; ++c) kp[c] = kp[pages - 1];  // scored, never seen
+    // The group's V rows are asked for now (read after its scores), the next score call's K while this one runs: a
+    // whole next group at once measured slower, its requests queued behind each other (results/cpu_attention).
+    for (int64_t c = 0; c < pages; ++c) prefetch_v(vpages[c].vp, S, sh.K * D, D);
+    for (int64_t c = 0; c < pages; c += kP) {
+      for (int64_t n = g0 + c + kP; n < std::min(g0 + c + 2 * kP, hi / S + 1); ++n)
+        prefetch_k(kt + (page_id(n) * sh.K + it.head) * D * S, D * S);
+      scores<kS, kP>(w.q.data(), nq, D, kp + c, S, w.p.data() + c * sp, ld);
+    }
     for (int64_t i = 0; i < nq; ++i) {
-      const int64_t a = std::max(w.lo[i] - first, int64_t(0)), b = std::min(w.hi[i] - first, S - 1);
-      float* s = w.p.data() + i * sp;
-      if (a > b) std::fill(s, s + sp, 0.f);
-      else softmax_update(s, sp, a, b, sh.soft_cap, w.mx[i], w.sum[i], w.acc.data() + i * D, D);
+      // Columns of this group's keys: page c's key j at c * sp + j (sp = S but for kS = 0, whose groups are a page).
+      const int64_t a = std::max(w.lo[i] - first, int64_t(0)), b = std::min(w.hi[i] - first, pages * S - 1);
+      float* s = w.p.data() + i * ld;
+      if (a > b) std::fill(s, s + pages * sp, 0.f);
+      else softmax_update(s, pages * sp, a, b, sh.soft_cap, w.mx[i], w.sum[i], w.acc.data() + i * D, D);
     }
     // V rows of keys some row sees (all below the context length: written, finite).
-    pv(w.p.data(), nq, sp, std::max(lo - first, int64_t(0)), std::min(hi - first, S - 1), vp, sh.K * D,
-       w.acc.data(), D);
+    pv(w.p.data(), nq, ld, vpages, pages, sh.K * D, w.acc.data(), D);
   }
   for (int64_t r = 0; r < it.rows; ++r)
     for (int64_t g = 0; g < G; ++g) {
