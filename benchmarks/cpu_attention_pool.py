@@ -3,11 +3,13 @@ few MB that stays in cache, and one the size of a serving pool whose pages are s
 read them (each call one layer's tables, 30 tables rotating over disjoint random pages, so nothing is reused from
 cache between calls).
 
-    python benchmarks/cpu_attention_pool.py [--pool-pages 4096,131072] [--rounds 5] [--out results.json]
+    python benchmarks/cpu_attention_pool.py [--pool-pages 4096,131072] [--rounds 5] [--engine-rounds 3]
+                                            [--out results.json]
 
 Pools of bf16 bits (the engine's for a bf16 model), 9 query heads, 3 kv heads, head dim 64, pages of 16 tokens,
 contexts 64-192 (the batch-64 workload's). Reported per call: best and median of the rounds' means (ms), and the K/V
-bytes the call must read over the best time. To compare two builds of the kernel, run it on each source (``git checkout REV --
+bytes the call must read over the best time. ``--engine-rounds N``: then SmolLM2-135M-Instruct bfloat16 in the engine,
+64 requests of 64 -> 128 tokens (``benchmarks/cpu_blas_ab.py``'s batch64), N timed runs after a warm-up: output tok/s. To compare two builds of the kernel, run it on each source (``git checkout REV --
 jaxserve/kernels/cpu/attention.cc``): the kernels are rebuilt when attention.cc changes, and the record names the
 source's hash.
 """
@@ -18,6 +20,7 @@ import json
 import os
 import pathlib
 import statistics
+import tempfile
 import time
 
 import jax
@@ -61,13 +64,36 @@ def bench(pool_pages: int, rounds: int) -> dict:
     return row
 
 
+def bench_engine(rounds: int) -> dict:
+    from jaxserve.bench.backends import BenchModel, BenchOptions, JaxserveBackend
+    from jaxserve.bench.throughput import load_model
+    from jaxserve.bench.workload import make_workload
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_model("smollm2-135m-instruct", 0, tmp)
+        requests = make_workload("fixed", 64, model.config.vocab_size, 1024, 0, input_len=(64, 64),
+                                 output_len=(128, 128))
+        engine = JaxserveBackend(BenchModel(model.name, model.config, model.params, model.tokenizer, tmp),
+                                 BenchOptions(dtype="bfloat16", max_model_len=1024))
+        engine.run(requests)  # warm-up: every shape compiled
+        tok_s = []
+        for _ in range(rounds):
+            out = engine.run(requests)
+            tok_s.append(out["output_tokens"] / out["elapsed_s"])
+            print(f"engine batch64 bf16 {tok_s[-1]:.1f} tok/s", flush=True)
+    return dict(workload="batch64", dtype="bfloat16", tok_s=statistics.median(tok_s), tok_s_range=[min(tok_s),
+                max(tok_s)])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pool-pages", default="4096,131072")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--engine-rounds", type=int, default=0)
     ap.add_argument("--out")
     a = ap.parse_args()
     rows = [bench(int(p), a.rounds) for p in a.pool_pages.split(",")]
+    engine = [bench_engine(a.engine_rounds)] if a.engine_rounds else []
     meta = {"command": "python benchmarks/cpu_attention_pool.py " + " ".join(os.sys.argv[1:]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
             "git_commit": git_commit(pathlib.Path(__file__).parent), "jax_version": jax.__version__,
@@ -75,7 +101,7 @@ def main():
             "attention_cc_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]}
     if a.out:
         pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(a.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+        pathlib.Path(a.out).write_text(json.dumps({"meta": meta, "results": rows, "engine": engine}, indent=1))
 
 
 if __name__ == "__main__":
