@@ -315,7 +315,7 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
     }
     for (int64_t c = pages; c < (pages + kP - 1) / kP * kP; ++c) kp[c] = kp[pages - 1];  // scored, never seen
     // The group's V rows are asked for now (read after its scores), the next score call's K while this one runs: a
-    // whole next group at once measured slower, its requests queued behind each other (results/cpu_attention).
+    // whole next group at once measured slower (benchmarks/cpu_attention_pool.py, the scattered pool).
     for (int64_t c = 0; c < pages; ++c) prefetch_v(vpages[c].vp, S, sh.K * D, D);
     for (int64_t c = 0; c < pages; c += kP) {
       for (int64_t n = g0 + c + kP; n < std::min(g0 + c + 2 * kP, hi / S + 1); ++n)
