@@ -29,7 +29,7 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq, tied_logits
+from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq, rope_tables, tied_logits
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -47,11 +47,16 @@ def _norm(config: ModelConfig, name: str) -> RMSNorm:
     return RMSNorm(config.rms_norm_eps, jnp.dtype(config.dtype), config.norm_unit_offset, name=name)
 
 
+def _local_rope(config: ModelConfig, layer: int) -> bool:
+    """Whether decoder layer ``layer`` rotates with the local base ``rope_local_theta`` (a Gemma 3 sliding layer)."""
+    return config.rope_local_theta is not None and config.layer_window(layer) is not None
+
+
 def layer_inv_freq(config: ModelConfig, layer: int) -> jax.Array:
     """RoPE inverse frequencies f32[head_dim/2] of decoder layer ``layer``: a sliding layer with its own
     ``rope_local_theta`` (Gemma 3) is unscaled; every other layer uses ``rope_theta`` and ``rope_type``."""
     c = config
-    if c.rope_local_theta is not None and c.layer_window(layer) is not None:
+    if _local_rope(c, layer):
         return rope_inv_freq(c.head_dim, c.rope_local_theta)
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_type, c.rope_factor, c.rope_low_freq_factor,
                          c.rope_high_freq_factor, c.rope_original_max_position)
@@ -64,7 +69,8 @@ class Attention(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, x, positions, kv: KVLayer | None = None, meta: AttentionMetadata | None = None):
+    def __call__(self, x, positions, kv: KVLayer | None = None, meta: AttentionMetadata | None = None,
+                 rope_cos_sin: tuple[jax.Array, jax.Array] | None = None):
         c = self.config
         lead = x.shape[:-1]
         q = _dense(c, c.num_heads * c.head_dim, c.qkv_bias, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
@@ -72,8 +78,9 @@ class Attention(nn.Module):
         v = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = _norm(c, "q_norm")(q), _norm(c, "k_norm")(k)
-        inv_freq = layer_inv_freq(c, self.layer_idx)
-        q, k = rope(q, positions, c.rope_theta, inv_freq), rope(k, positions, c.rope_theta, inv_freq)
+        if rope_cos_sin is None:  # (the model hands every layer its tables, computed once)
+            rope_cos_sin = rope_tables(positions, layer_inv_freq(c, self.layer_idx))
+        q, k = (rope(t, positions, c.rope_theta, tables=rope_cos_sin) for t in (q, k))
         opts = dict(sliding_window=c.layer_window(self.layer_idx),
                     sm_scale=None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5)
         if kv is None:
@@ -91,10 +98,10 @@ class DecoderLayer(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, x, positions, kv=None, meta=None):
+    def __call__(self, x, positions, kv=None, meta=None, rope_cos_sin=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         h, kv = Attention(c, self.attention_impl, self.layer_idx, self.layout, name="attn")(
-            _norm(c, "input_norm")(x), positions, kv, meta)
+            _norm(c, "input_norm")(x), positions, kv, meta, rope_cos_sin)
         if c.sandwich_norms:  # Gemma 2/3: the attention and MLP outputs are normed before the residual adds
             x = x + _norm(c, "post_attention_norm")(h)
             return x + _norm(c, "post_feedforward_norm")(self._mlp(c, dt)(_norm(c, "pre_feedforward_norm")(x))), kv
@@ -126,9 +133,12 @@ class Transformer(nn.Module):
         if c.scale_embeddings:  # Gemma: the scale rounded to the embedding dtype, as HF does
             x = x * jnp.asarray(np.float32(c.hidden_size ** 0.5), dt)
         new_pool = []
+        cos_sin = {}  # RoPE's tables, once per forward for each set of frequencies (local, global)
         for i in range(c.num_layers):  # unrolled: each layer's pages are a separate donated buffer
+            if _local_rope(c, i) not in cos_sin:
+                cos_sin[_local_rope(c, i)] = rope_tables(positions, layer_inv_freq(c, i))
             x, kv = DecoderLayer(c, self.attention_impl, i, self.layout, name=f"layers_{i}")(
-                x, positions, None if kv_pool is None else kv_pool.layers[i], meta)
+                x, positions, None if kv_pool is None else kv_pool.layers[i], meta, cos_sin[_local_rope(c, i)])
             new_pool.append(kv)
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
