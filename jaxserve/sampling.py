@@ -97,9 +97,16 @@ def _draw(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
     return jnp.where(greedy, argmax_first(logits), drawn)
 
 
-def sample(logits: jax.Array, batch: SamplingBatch) -> tuple[jax.Array, jax.Array]:
-    """logits f32[R, V] -> (tokens i32[R], log-probs f32[R] of those tokens under the raw logits)."""
+def sample(logits: jax.Array, batch: SamplingBatch, want_logprobs: bool | jax.Array = True
+           ) -> tuple[jax.Array, jax.Array]:
+    """logits f32[R, V] -> (tokens i32[R], log-probs f32[R] of those tokens under the raw logits).
+
+    ``want_logprobs`` (a traced bool, or True): when false, the log-probs are NaN and not computed: their
+    log-sum-exp over the vocabulary is an exp per logit, ~3% of a SmolLM2 batch-64 decode step on CPU."""
     logits = logits.astype(jnp.float32)
     all_greedy = jnp.all(batch.temperature <= 0)
     tokens = jax.lax.cond(all_greedy, lambda: argmax_first(logits), lambda: _draw(logits, batch))
-    return tokens, token_logprobs(logits, tokens)
+    if want_logprobs is True:
+        return tokens, token_logprobs(logits, tokens)
+    return tokens, jax.lax.cond(want_logprobs, lambda: token_logprobs(logits, tokens),
+                                lambda: jnp.full(tokens.shape, jnp.nan, jnp.float32))

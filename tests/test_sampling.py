@@ -79,3 +79,17 @@ def test_argmax_first_and_token_logprobs_match_jnp():
     tokens = jnp.asarray(rng.integers(0, 50, 8), jnp.int32)
     want = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
     np.testing.assert_allclose(token_logprobs(logits, tokens), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_skipped_when_not_wanted(temperature):
+    """``want_logprobs`` false: the same tokens, NaN log-probs (not computed); true: ``token_logprobs``'s."""
+    logits = jnp.asarray(np.random.default_rng(3).normal(size=(6, 50)).astype(np.float32))
+    b = batch(6, temperature)
+    step = jax.jit(sample)
+    toks, lps = step(logits, b, jnp.bool_(True))
+    skipped_toks, skipped = step(logits, b, jnp.bool_(False))
+    np.testing.assert_array_equal(skipped_toks, toks)
+    assert np.isnan(np.asarray(skipped)).all()
+    np.testing.assert_array_equal(lps, token_logprobs(logits, toks))
+    np.testing.assert_array_equal(sample(logits, b)[1], lps)

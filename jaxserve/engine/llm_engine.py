@@ -205,7 +205,10 @@ class LLMEngine:
         before = {e.seq_id: (seqs[e.seq_id], len(seqs[e.seq_id].output_token_ids)) for e in out.scheduled}
         want_top = any(self._top_k(e) for e in out.scheduled)
         start = time.perf_counter()
-        result = self.runner.execute(out, top_logprobs=True) if want_top else self.runner.execute(out)
+        # log-probs are computed in a step only when a request in it asks for them (vLLM's rule)
+        want_logprobs = any(e.sample and e.sampling_params.logprobs for e in out.scheduled)
+        result = (self.runner.execute(out, top_logprobs=True) if want_top
+                  else self.runner.execute(out, logprobs=want_logprobs))
         if self.spec_policy is not None:
             self._record_policy(out, result, time.perf_counter() - start)
         for key, lps in result.logprobs.items():  # a round's run past a stop is cut with its tokens in _finish

@@ -111,12 +111,14 @@ class ModelRunner:
         return self.buckets.num_programs(self.speculative is not None) + \
             (len(self.buckets.decode_shapes()) if self.plain_decodes else 0)
 
-    def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False) -> RunnerOutput:
+    def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
-        search): also each sampling sequence's most likely next tokens."""
+        search): also each sampling sequence's most likely next tokens. ``logprobs=False`` (plain steps; a
+        speculative runner always has them from its verify): the drawn tokens' log-probs are neither computed nor
+        returned (``RunnerOutput.logprobs`` stays empty)."""
         self._copy_blocks(out.copies)
         if self.speculative is None:
-            return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs)
+            return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs, logprobs or top_logprobs)
         if top_logprobs:
             raise ValueError("top_logprobs needs a runner without speculative decoding")
         if self._suffix is not None:
@@ -141,7 +143,7 @@ class ModelRunner:
         before = self.num_compilations
         if self.speculative is None:
             for shape in self.buckets.decode_shapes() + self.buckets.mixed_shapes():
-                self._run_plain(pack([WARMUP_READER], *shape), [], False)
+                self._run_plain(pack([WARMUP_READER], *shape), [], False, False)
         else:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
                 self._run_fill(pack([WARMUP_READER], *shape), [])
@@ -154,31 +156,34 @@ class ModelRunner:
 
     # ---- plain steps ---------------------------------------------------------------------------
 
-    def _plain(self, entries: list[ScheduledSequence], num_batched_tokens: int, top_logprobs: bool) -> RunnerOutput:
+    def _plain(self, entries: list[ScheduledSequence], num_batched_tokens: int, top_logprobs: bool,
+               logprobs: bool) -> RunnerOutput:
         rows = sample_rows(entries)
         toks, lps, top_lps, top_ids = self._run_plain(pack(entries, *self.buckets.step(entries, num_batched_tokens)),
-                                                      rows, top_logprobs)
+                                                      rows, top_logprobs, logprobs)
         result = collect_samples(entries, len(rows), toks, lps)
+        if not logprobs:
+            result.logprobs.clear()
         if top_logprobs:
             for k, row in enumerate(rows):
                 result.top.setdefault(entries[row.entry].seq_id, (top_lps[k], top_ids[k]))
         return result
 
-    def _run_plain(self, step: PackedStep, rows, top_logprobs: bool) -> tuple[np.ndarray, ...]:
-        args, kwargs = self._plain_args(step, rows, top_logprobs)
+    def _run_plain(self, step: PackedStep, rows, top_logprobs: bool, logprobs: bool) -> tuple[np.ndarray, ...]:
+        args, kwargs = self._plain_args(step, rows, top_logprobs, logprobs)
         results, self.pool = self._counted(programs.plain_step, *args, **kwargs)
         return tuple(r[: len(rows)] for r in fetch(results))
 
-    def _plain_args(self, step: PackedStep, rows, top_logprobs: bool) -> tuple[tuple, dict]:
+    def _plain_args(self, step: PackedStep, rows, top_logprobs: bool, logprobs: bool) -> tuple[tuple, dict]:
         sbatch, sample_entry = self._sampling(rows, step.tables.shape[0])
         return ((self.params, self.pool, step.tokens, step.positions, self._metadata(step), step.last, sample_entry,
-                 sbatch, np.bool_(top_logprobs), self.router_state),
+                 sbatch, np.bool_(top_logprobs), np.bool_(logprobs), self.router_state),
                 dict(config=self.config, attention_impl=self.attention_impl, quant=self.quant, layout=self.layout))
 
     def lowered(self, shape: tuple[int, int, int, bool]) -> jax.stages.Lowered:
         """The plain step at bucket ``shape`` (one of ``buckets.decode_shapes()`` or ``mixed_shapes()``), lowered
         for this runner's layout and not compiled (its StableHLO text names the collectives); runs nothing."""
-        args, kwargs = self._plain_args(pack([WARMUP_READER], *shape), [], False)
+        args, kwargs = self._plain_args(pack([WARMUP_READER], *shape), [], False, False)
         return programs.plain_step.lower(*args, **kwargs)
 
     def compiled_text(self, shape: tuple[int, int, int, bool]) -> str:

@@ -33,9 +33,10 @@ TRACES = [0]  # incremented while tracing: one per compiled program
 @functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant", "layout"),
                    donate_argnames=("kv_pool",))
 def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top,
-               router_state=None, *, config, attention_impl, quant=None, layout=None):
+               want_logprobs, router_state=None, *, config, attention_impl, quant=None, layout=None):
     """One forward over the packed tokens, then a draw per sample row: tokens i32[R], their log-probs
-    f32[R], and (when ``want_top``, else zeros) the top candidates' log-probs f32[R, k] and ids i32[R, k].
+    f32[R] (when ``want_logprobs``, else NaN), and (when ``want_top``, else zeros) the top candidates' log-probs
+    f32[R, k] and ids i32[R, k].
     ``layout`` (a ``jaxserve.parallel.layout.Layout``): the mesh params and pool live on; the pool
     stays sharded as it came in, and the results come back replicated."""
     TRACES[0] += 1
@@ -46,7 +47,7 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     if layout is not None:
         kv_pool, logits = layout.constrain_pool(kv_pool), layout.replicate(logits)
     logits = logits[sample_entry]
-    toks, logprobs = sample(logits, sbatch)
+    toks, logprobs = sample(logits, sbatch, want_logprobs)
     k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
     # a runtime branch, not a static flag (which would double the programs): only beam search
     # asks, and at batch 64 x 4096 the top-k costs ~1 ms of a ~20 ms CPU decode step

@@ -81,6 +81,31 @@ def test_greedy_equals_uncached_forward(llm):
         np.testing.assert_allclose(out.outputs[0].logprobs, expected_lp[:, 0], atol=1e-5)
 
 
+def test_logprobs_only_where_a_request_asks(llm):
+    """A step computes its tokens' log-probs only when a request in it asks (vLLM's rule): asking changes no
+    token, an asking request gets the same log-probs beside requests that do not, and steps where nobody asks
+    stream tokens without one."""
+    ps = prompts(5, n=4)
+    asks = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True)
+    silent = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    every = llm.generate(ps, asks, use_tqdm=False)
+    mixed = llm.generate(ps, [asks] + [silent] * 3, use_tqdm=False)
+    assert tokens(mixed) == tokens(every) == tokens(llm.generate(ps, silent, use_tqdm=False))
+    np.testing.assert_array_equal(mixed[0].outputs[0].logprobs, every[0].outputs[0].logprobs)
+    assert all(o.outputs[0].logprobs is None and o.outputs[0].cumulative_logprob is None for o in mixed[1:])
+    engine = llm.engine
+    for sp in (silent, asks):
+        engine.add_request(ps[0], sp)
+        streamed = []
+        while engine.has_unfinished():
+            streamed += engine.step()
+        assert len(streamed) == 6
+        if sp.logprobs:
+            np.testing.assert_array_equal([t.logprob for t in streamed], every[0].outputs[0].logprobs)
+        else:
+            assert all(t.logprob is None for t in streamed)
+
+
 def test_prefix_caching_on_off_identical_and_hits():
     shared = prompts(3, n=1, lo=24, hi=25)[0]
     ps = [shared + [i, i + 1] for i in range(6)]
