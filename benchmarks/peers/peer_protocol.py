@@ -42,7 +42,9 @@ def read_workload(path: str) -> list[tuple[list[int], int]]:
 
 
 def serve(load) -> int:
-    """``load(args) -> (info dict, run)``, ``run(requests) -> list of output id lists``: the driver's two parts."""
+    """``load(args) -> (info dict, run)`` or ``(info, run, prepare)``; ``run(requests) -> list of output id lists``,
+    timed; ``prepare()``, untimed before each run (vLLM: empty the prefix cache, so that no run reuses the prompts
+    of the one before)."""
     args = parse_args()
     reply = os.fdopen(args.reply_fd, "w", buffering=1)
 
@@ -50,7 +52,7 @@ def serve(load) -> int:
         reply.write(json.dumps(obj) + "\n")
 
     try:
-        info, run = load(args)
+        info, run, *prepare = load(args)
     except Exception as e:  # noqa: BLE001 - reported to the harness, which raises it
         send({"error": f"loading {args.model}: {type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return 1
@@ -61,6 +63,8 @@ def serve(load) -> int:
             break
         try:
             requests = read_workload(cmd["workload"])
+            for step in prepare:
+                step()
             start = time.perf_counter()
             outputs = run(requests)
             elapsed = time.perf_counter() - start

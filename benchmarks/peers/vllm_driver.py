@@ -57,8 +57,13 @@ def load(args):
 
     info = {"version": vllm.__version__, "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
-    return info, run
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE"), "prefix_cache_reset_each_run": True}
+
+    def prepare():  # each run from a cold prefix cache, as jaxserve's (the workload's prompts repeat every run)
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache")
+
+    return info, run, prepare
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ class JaxserveBackend:
         start = time.perf_counter()
         self.llm.warmup()
         self.info = {"version": _version("jaxserve"), "jax": jax.__version__, "warmup_s": time.perf_counter() - start,
+                     "prefix_cache_reset_each_run": True,
                      "engine": self.engine_kwargs,  # the bytes a decode step reads once: every weight as served
                      "weight_bytes": sum(x.nbytes for x in jax.tree.leaves(self.llm.engine.runner.params))}
         self._compiles_after_warmup = self.llm.stats()["compilations"]
@@ -103,6 +104,8 @@ class JaxserveBackend:
         before = self.llm.stats()
         if engine.spec_stats is not None:
             engine.spec_stats.reset()  # acceptance counted over this run only
+        if not self.llm.reset_prefix_cache():  # every run from a cold cache: the prompts repeat across runs
+            raise RuntimeError("jaxserve: requests are still in flight; the prefix cache cannot be reset")
         ids = [engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.output_len, temperature=0,
                                                                      ignore_eos=True)) for r in requests]
         peak_used, steps = 0, 0

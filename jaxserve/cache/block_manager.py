@@ -259,6 +259,16 @@ class BlockManager:
 
     # ---- invariants ----------------------------------------------------------------------
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached block and restores the fresh pool's free order, as vLLM's ``reset_prefix_cache``:
+        only when no sequence holds blocks (returns False, changing nothing, otherwise). Benchmarks call it between
+        runs of one workload, whose repeated prompts would otherwise skip their prefill from the second run on."""
+        if self._seqs or self._num_used:
+            return False
+        self._cache = PrefixCache(self._cache.hash_fn)
+        self._free = deque(range(self.num_blocks))
+        return True
+
     def check_invariants(self) -> None:
         """Asserts the accounting holds; tests call it after every operation."""
         refs = Counter(b for st in self._seqs.values() for b in st.table)

@@ -173,6 +173,12 @@ class LLM:
                 raise ValueError("beam_search is not available on an LLM built with speculative decoding")
             return beam_search(self.engine, _prompt_list(prompts), params)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix (vLLM's ``LLM.reset_prefix_cache``): True when done, False (nothing changed)
+        while requests are in flight. For timing a workload more than once from a cold cache."""
+        with self._lock:
+            return self.engine.reset_prefix_cache()
+
     def warmup(self) -> int:
         """Compiles every shape bucket now (with speculative decoding: its fill, round and copy
         programs); returns how many programs that took."""

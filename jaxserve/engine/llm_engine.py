@@ -276,6 +276,10 @@ class LLMEngine:
         self.finished[rid] = result
         return result
 
+    def reset_prefix_cache(self) -> bool:
+        """Empties the prefix cache when no request is in flight (``BlockManager.reset_prefix_cache``)."""
+        return not self.scheduler.has_unfinished() and self.block_manager.reset_prefix_cache()
+
     def stats(self) -> dict:
         stats = {**self.scheduler.stats(), "compilations": self.runner.num_compilations,
                  "buckets": self.runner.num_buckets}

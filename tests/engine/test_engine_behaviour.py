@@ -233,3 +233,21 @@ def test_kv_cache_bytes_counts_the_pool_as_stored(dtype):
     assert llm.stats()["kv_blocks_total"] == budget // (block * stored)
     pool = llm.engine.runner.pool
     assert sum(x.nbytes for x in jax.tree.leaves(pool)) <= budget
+
+
+def test_reset_prefix_cache_makes_a_rerun_prefill_again():
+    llm = make_llm(enable_prefix_caching=True)
+    ps = prompts(6, n=3, lo=20, hi=30)
+    first = llm.generate(ps, GREEDY, use_tqdm=False)
+    hit_tokens = lambda: llm.engine.block_manager.stats().prefix_hit_tokens  # noqa: E731
+    hits = hit_tokens()
+    assert tokens(llm.generate(ps, GREEDY, use_tqdm=False)) == tokens(first)
+    assert hit_tokens() > hits  # the rerun reused the cached prompts
+    hits = hit_tokens()
+    assert llm.reset_prefix_cache()
+    assert tokens(llm.generate(ps, GREEDY, use_tqdm=False)) == tokens(first)
+    assert hit_tokens() == hits  # nothing cached: every prompt prefilled again
+    llm.engine.add_request(ps[0], GREEDY)
+    assert not llm.reset_prefix_cache()  # a request in flight: refused
+    while llm.engine.has_unfinished():
+        llm.engine.step()

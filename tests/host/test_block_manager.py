@@ -208,3 +208,17 @@ def test_can_allocate_counts_evictable_hits_as_taken():
     assert not bm.can_allocate(a[:8] + [1, 2, 3, 4, 5], 5)
     assert bm.can_allocate(list(range(12)))
     assert not bm.can_allocate(list(range(13)))
+
+
+def test_reset_prefix_cache_forgets_every_prefix_only_when_idle():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    tokens = list(range(12))
+    filled(bm, 0, tokens)
+    assert not bm.reset_prefix_cache()  # a sequence holds blocks: nothing changes
+    assert bm.num_cached == 3 and bm.get_block_table(0)
+    bm.free(0)
+    assert bm.reset_prefix_cache()
+    bm.check_invariants()
+    assert bm.num_cached == 0 and bm.num_free == 8
+    assert filled(bm, 1, tokens)[0] == 0  # no hit: the prefill runs again
+    assert bm.get_block_table(1) == [0, 1, 2]  # the fresh pool's order: the same memory as a first run
