@@ -373,7 +373,9 @@ SUFFIX_LONG = {**{dtype: f"{SPEC}/smollm2_chat_repetitive_suffix_160_{dtype}/res
                   "results.json" for k in (1, 2, 4)},
                "bfloat16, idle Intel Xeon, CPU attention kernel": f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_cpuattn/"
                "results.json",
-               "bfloat16, idle Intel Xeon, AMX GEMMs": f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_amx/results.json"}
+               "bfloat16, idle Intel Xeon, AMX GEMMs": f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_amx/results.json",
+               "bfloat16, idle Intel Xeon, attention page groups + RoPE tables":
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_groups/results.json"}
 
 
 def spec_suffix_gammas(runs=SUFFIX_GAMMAS):

@@ -125,6 +125,21 @@ def test_thread_count_does_not_change_a_bit():
 
 
 @needs_kernels
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=37)])
+def test_verify_rows_get_the_bits_decode_rows_get(opts):
+    """A speculative verify's rows (uniform, 9 a sequence: items of 8 rows and of 1) equal one decode call per
+    position, bit for bit: the pages and softmax groups an item walks do not change a row's sums."""
+    lengths = [40, 130, 150, 300]
+    rng, k, kt, v, tables, lens, h = _case(5, lengths)
+    q = jnp.asarray(rng.standard_normal((9 * len(lengths), h, 64), np.float32))
+    verify = np.asarray(ca.uniform_paged_attention_cpu(q, kt, v, tables, lens, 9, **opts))
+    for r in range(9):
+        rows = q[r::9]  # row r of every sequence, at position length - 9 + r
+        decode = ca.paged_attention_cpu(rows, kt, v, tables, lens - 8 + r, **opts)
+        np.testing.assert_array_equal(np.asarray(decode), verify[r::9])
+
+
+@needs_kernels
 def test_nan_past_the_context_and_outside_the_window_never_leaks():
     lengths = [21, 7]
     rng, k, kt, v, tables, lens, h = _case(5, lengths, width=4)
