@@ -5,10 +5,13 @@
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
 //
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
-// side by side: "VNNI"), into a 16 x 16 float32 tile C: C[i][j] += A[i][2p] B[2p][j], then += A[i][2p+1] B[2p+1][j],
-// each product exact and each sum rounded to nearest even (inputs and outputs denormal-flushed). So y[m, n] sums the
-// k in order, one pair at a time, whatever M, the blocking or the threads: the same for a row alone or in a batch.
-// The vdpbf16ps kernels of matmul.cc add each pair's odd product first: results agree to float32 rounding, not bits.
+// side by side: "VNNI"), into a 16 x 16 float32 tile C: C[i][j] += the 32 products A[i][k] B[k][j], in an order and
+// with roundings of the hardware's own. Each C tile sees the k blocks in order, and an output's tile op does not depend
+// on the other rows of its tile, so y[m, n] is the same whatever M, the blocking or the threads: a row alone or in a
+// batch (tested). The sums are not those of float32 additions in any one order: on the Xeon VM a vdpbf16ps loop adding
+// x[2p] w[2p] then x[2p+1] w[2p+1] to float32, round to nearest even (which matmul.cc's kernels do, odd product first),
+// matched 22% of the outputs at K = 576; neither did one rounding per pair, per 32-k block, nor round-toward-zero.
+// So bf16_matmul (few rows) and this GEMM agree to float32 rounding, not bits.
 //
 // Tiles (one configuration, every tile 16 rows x 64 bytes): C 0-3 (a 2 x 2 block of 32 x 32 outputs), A 4-5, B 6-7.
 // _kn: A is x (converted once, rows padded to whole tiles), B the weights, packed per 256-column chunk into pairs

@@ -110,9 +110,10 @@ def f32_gemm(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: 
 
 
 def bf16_gemm(x: jax.Array, w: jax.Array, *, transpose_w: bool = False, threads: int | None = None) -> jax.Array:
-    """``bf16_matmul`` on Intel AMX tiles (``amx.cc``), for many rows: x rounded to bf16, float32 sums of the k in
-    order (one rounding per product pair, as ``bf16_matmul``, but the even product of a pair added first). Needs
-    ``amx_usable()``. Differentiable and vmappable as ``bf16_matmul``."""
+    """``bf16_matmul`` on Intel AMX tiles (``amx.cc``), for many rows: x rounded to bf16, exact products summed in
+    float32 by the tiles (their own order and roundings: equal to ``bf16_matmul`` to float32 rounding, not bits; a
+    row's result does not depend on the other rows or the threads). Needs ``amx_usable()``. Differentiable and
+    vmappable as ``bf16_matmul``."""
     return _weight_matmul("bf16_gemm", jnp.bfloat16, x, w, transpose_w, threads, op="gemm")
 
 
