@@ -33,8 +33,8 @@ class NullRunner:
     def warmup(self) -> int:
         return 0
 
-    def execute(self, out, *, top_logprobs: bool = False) -> RunnerOutput:
-        del top_logprobs  # the fake top candidates are always drawn
+    def execute(self, out, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
+        del top_logprobs, logprobs  # the fake top candidates and log-probs are always drawn
         self.steps += 1
         if self.on_execute is not None:
             self.on_execute(out)
