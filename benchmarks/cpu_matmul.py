@@ -11,7 +11,8 @@ Paths: xla_f32 (float32 weights, XLA's dot), kernel_f32_t<threads> (``f32_matmul
 (``f32_gemm``: OpenBLAS sgemm, one OpenBLAS thread, N split over <threads> XLA pool threads), blas_f32_ob2 (``f32_gemm``
 with threads=1 and OpenBLAS's own 2 threads), xla_bf16
 (``jaxserve.layers.dot_via(bfloat16)``: what a bf16 model runs without the kernel), kernel_bf16_t<threads>,
-amx_bf16_t<threads> (``bf16_gemm``: AMX tiles, on a CPU that has them), and with
+amx_bf16_t<threads> (``bf16_gemm``: AMX tiles, on a CPU that has them), amxpacked_bf16_t<threads>
+(``bf16_gemm_packed``: AMX tiles on a Dense kernel packed once, ``jaxserve.kernels.cpu.packed``), and with
 --fp4: xla_<fmt> (dequantize, then dot: ``fp4_matmul_reference``) and kernel_<fmt>_t<threads> (the tied head:
 quantized along K, ``fp4_matmul_cpu``'s [N, K] kernel). --paths keeps those
 whose name starts with one of its prefixes.
@@ -28,6 +29,7 @@ import numpy as np
 
 os.environ.setdefault("JAXSERVE_CPU_KERNELS", "1")
 from jaxserve.kernels.cpu import matmul as cpu  # noqa: E402
+from jaxserve.kernels.cpu.packed import bf16_gemm_packed, pack_bf16  # noqa: E402
 from jaxserve.layers import dot_via  # noqa: E402
 from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize  # noqa: E402
 
@@ -82,6 +84,7 @@ def main():
         reps = max(2, min(150, math.ceil(96e6 / (2 * k * n))))
         wf = [jnp.asarray(rng.standard_normal((n, k) if head else (k, n)) * 0.02, jnp.float32) for _ in range(reps)]
         wb = [w.astype(jnp.bfloat16) for w in wf]
+        wp = [pack_bf16(w) for w in wb] if cpu.amx_usable() and not head else []
         paths = {"xla_f32": (wf, lambda x, w: jnp.dot(x, w.T if head else w), 4),
                  "xla_bf16": (wb, lambda x, w: dot_via(jnp.bfloat16)(x.astype(jnp.bfloat16), w.T if head else w,
                                                                      DN), 2)}
@@ -91,6 +94,8 @@ def main():
             paths[f"kernel_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_matmul(x, w, transpose_w=head, threads=t), 2)
             if cpu.amx_usable():
                 paths[f"amx_bf16_t{t}"] = (wb, lambda x, w, t=t: cpu.bf16_gemm(x, w, transpose_w=head, threads=t), 2)
+                if not head:
+                    paths[f"amxpacked_bf16_t{t}"] = (wp, lambda x, w, t=t: bf16_gemm_packed(x, w, threads=t), 2)
         paths["blas_f32_ob2"] = (wf, lambda x, w: cpu.f32_gemm(x, w, transpose_w=head, threads=1), 4)
         if a.fp4:  # the head: the tied embedding quantized along K (axis 1), read by the [N, K] kernel
             for fmt in a.fp4.split(","):

@@ -19,6 +19,7 @@ QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 MOE_DISPATCHES = ("auto", "all_to_all", "ragged")  # see jaxserve/parallel/layout.py resolve_moe_dispatch
+WEIGHT_LAYOUTS = ("auto", "as_stored")
 ROPE_TYPES = ("default", "linear", "llama3")  # see jaxserve/layers.py: rope_inv_freq
 LAYER_TYPES = ("full_attention", "sliding_attention")
 HIDDEN_ACTS = ("silu", "gelu_tanh")  # SwiGLU | GeGLU with tanh-approximated GELU (Gemma)
@@ -228,6 +229,9 @@ class EngineConfig:
     # CPU) | all_to_all (padded to the worst case, works everywhere) | ragged (lax.ragged_all_to_all: only the
     # live rows; XLA:CPU has none, so an error there)
     moe_dispatch: str = "auto"
+    # how the runner holds bf16 Dense kernels: auto (on one CPU device with AMX tiles, packed once into the tiles'
+    # layout, every row count on one tile GEMM: jaxserve.kernels.cpu.packed; else as stored) | as_stored ([K, N])
+    weight_layout: str = "auto"
 
     def __post_init__(self):
         _check_engine_types(self)
@@ -253,6 +257,8 @@ class EngineConfig:
                  f"EngineConfig.kv_allocation must be one of {KV_ALLOCATIONS}, got {self.kv_allocation!r}")
         _require(self.moe_dispatch in MOE_DISPATCHES,
                  f"EngineConfig.moe_dispatch must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
+        _require(self.weight_layout in WEIGHT_LAYOUTS,
+                 f"EngineConfig.weight_layout must be one of {WEIGHT_LAYOUTS}, got {self.weight_layout!r}")
 
 
 def _check_engine_types(ec: EngineConfig) -> None:
@@ -267,7 +273,7 @@ def _check_engine_types(ec: EngineConfig) -> None:
     check_bool("EngineConfig.enable_expert_parallel", ec.enable_expert_parallel)
     check_bool("EngineConfig.quantize_lm_head", ec.quantize_lm_head)
     _require(ec.seed >= 0, f"EngineConfig.seed must be >= 0, got {ec.seed}")
-    for name in ("attention_impl", "kv_allocation", "moe_dispatch"):
+    for name in ("attention_impl", "kv_allocation", "moe_dispatch", "weight_layout"):
         if not isinstance(getattr(ec, name), str):
             raise TypeError(f"EngineConfig.{name} must be a str, got {getattr(ec, name)!r}")
 

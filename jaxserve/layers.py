@@ -30,11 +30,11 @@ _CPU_F32_MIN_ROWS = 2
 #   tied head [49152,576]^T (--m 9,64 --shapes 4): M=9 24831 / 5130 / 2331, M=64 28231 / 26334 / 5241; at M=1 and 4
 #   2225 / 2123 and 3249 / 2151 (bf16_matmul / bf16_gemm; an earlier build of the head, which then scattered its
 #   outputs: few rows are bound by reading the table either way).
-# The head's tiles are loaded straight from the embedding; a [K, N] kernel is packed into tile pairs on every call,
-# which costs about what XLA's dot does at 64 rows. (Packing the Dense kernels once instead, in a block layout the
-# tiles load directly, measured 10-20% faster at 9-64 rows and 10-25% slower at one row, where a vdpbf16ps loop over
-# the packed blocks trailed bf16_matmul: not kept.)
-_CPU_AMX_MIN_ROWS = {0: 8, 1: 2}  # by the axis of K in the weight
+# The head's tiles are loaded straight from the embedding (so from one row: 2123 against 2225 us); a [K, N] kernel is
+# packed into tile pairs on every call, which costs about what XLA's dot does at 64 rows. The engine therefore packs
+# a bf16 model's Dense kernels once (jaxserve.kernels.cpu.packed, read by _Dense at every row count: end to end on
+# SmolLM2 bf16 1.06-1.15x, benchmarks/RESULTS.md); these thresholds route [K, N] kernels outside it.
+_CPU_AMX_MIN_ROWS = {0: 8, 1: 1}  # by the axis of K in the weight
 # Above _CPU_MAX_ROWS float32 layers go to OpenBLAS's sgemm (jaxserve.kernels.cpu.f32_gemm, N split over 2 threads).
 # Medians of 5 interleaved calls, `benchmarks/cpu_matmul.py --threads 1,2 --paths xla_f32,blas`, on the 2-core Zen 4
 # (AVX2) shared with other jobs (load average 3.2-3.7 for q/o and k/v, 5-9 for the rest: far below an idle machine's
@@ -168,10 +168,17 @@ def dense_dot(dtype, matmul_dtype=None):
 
 
 class _Dense(nn.Dense):
-    """``nn.Dense`` whose bias is stored in the compute dtype when the kernel is narrower."""
+    """``nn.Dense`` whose bias is stored in the compute dtype when the kernel is narrower, and which also takes its
+    kernel packed for AMX tiles (``jaxserve.kernels.cpu.packed.PackedBf16``, what an engine on an AMX CPU runs a bf16
+    model with): ``bf16_gemm_packed`` at every row count, the operands ``dot_via(bfloat16)`` multiplies."""
 
     @nn.compact
     def __call__(self, inputs):
+        kernel = self.get_variable("params", "kernel") if self.has_variable("params", "kernel") else None
+        if kernel is not None and not isinstance(kernel, jax.Array):
+            from jaxserve.kernels.cpu.packed import PackedBf16  # (any other kind: self.param's shape check refuses it)
+            if isinstance(kernel, PackedBf16):
+                return self._packed(inputs, kernel)
         if not self.use_bias or self.param_dtype == self.dtype:
             return super().__call__(inputs)
         kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features), self.param_dtype)
@@ -179,6 +186,18 @@ class _Dense(nn.Dense):
         y = self.dot_general(inputs.astype(self.dtype), kernel.astype(self.dtype),
                              (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return y + bias
+
+    def _packed(self, inputs, kernel):
+        from jaxserve.kernels.cpu.packed import bf16_gemm_packed
+        if kernel.shape != (inputs.shape[-1], self.features):
+            raise ValueError(f"{'/'.join(self.scope.path)}: kernel PackedBf16 of shape {kernel.shape} does not fit "
+                             f"inputs {inputs.shape} -> {self.features}")
+        dtype = self.dtype or jnp.result_type(inputs.dtype, jnp.bfloat16)
+        x = inputs.astype(dtype).reshape(-1, inputs.shape[-1]).astype(jnp.bfloat16)
+        y = bf16_gemm_packed(x, kernel).reshape(*inputs.shape[:-1], self.features).astype(dtype)
+        if self.use_bias:
+            y = y + self.get_variable("params", "bias").astype(dtype)
+        return y
 
 
 class RMSNorm(nn.Module):

@@ -1,8 +1,9 @@
-// The AMX bf16 GEMMs (jaxserve/kernels/cpu/amx.cc, included whole) on buffers that end at, or (argument "front")
-// start at, a PROT_NONE page: a read or write outside a buffer faults. The shapes reach every ragged edge: M past
-// whole tiles and row blocks (1, 17, 33, 50), K below and past whole 32-k blocks (the [N, K] kernel then copies
-// ragged rows of e instead of loading tiles from it), N past 16-column tiles, 32-column blocks and the 256-wide
-// chunks. Results are checked against a double-precision reference of the same operands (x rounded to bf16).
+// The AMX bf16 GEMMs (jaxserve/kernels/cpu/amx.cc, included whole: [K, N], [N, K] and packed) on buffers that end
+// at, or (argument "front") start at, a PROT_NONE page: a read or write outside a buffer faults. The shapes reach
+// every ragged edge: M past whole tiles and row blocks (1, 17, 33, 50), K below and past whole 32-k blocks (the
+// [N, K] kernel then copies ragged rows of e instead of loading tiles from it), N past 16-column tiles, 32-column
+// blocks, the 256-wide chunks and the packed kernel's pairs of 32-column groups. Results are checked against a
+// double-precision reference of the same operands (x rounded to bf16).
 // Prints "no AMX" and exits 0 where the build or the kernel has no tiles. Built and run by test_cpu_amx.py.
 //
 // threads = 1: parallel_chunks then never touches the thread pool, which only XLA can provide.
@@ -38,8 +39,18 @@ int main(int argc, char** argv) {
         uint16_t* w = guard_pages::guarded<uint16_t>(K * N);  // read as [K, N] by _kn and as [N, K] by _nk
         for (int64_t i = 0; i < K * N; ++i) w[i] = to_bf16(normal(rng));
         float* y = guard_pages::guarded<float>(M * N);
-        for (bool nk : {false, true}) {
-          (nk ? gemm_nk : gemm_kn)(pool, x, M, K, w, N, y, 1);
+        // w [K, N] in the packed layout (jaxserve/kernels/cpu/packed.py): [ceil(N / 32)][Kp / 32][2][16][16][2]
+        const int64_t G = (N + 31) / 32, Kp = (K + 31) / 32 * 32;
+        uint16_t* packed = guard_pages::guarded<uint16_t>(G * Kp * 32);
+        for (int64_t i = 0; i < G * Kp * 32; ++i) {
+          const int64_t g = i / (Kp * 32), r = i % (Kp * 32), kb = r / 1024, t = r / 512 % 2, p = r / 32 % 16,
+                        j = r / 2 % 16, parity = r % 2, k = kb * 32 + 2 * p + parity, n = g * 32 + t * 16 + j;
+          packed[i] = k < K && n < N ? w[k * N + n] : 0;
+        }
+        for (int variant : {0, 1, 2}) {
+          const bool nk = variant == 1;
+          if (variant == 2) gemm_packed(pool, x, M, K, packed, N, y, 1);
+          else (nk ? gemm_nk : gemm_kn)(pool, x, M, K, w, N, y, 1);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < N; ++n) {
               double sum = 0, magnitude = 0;

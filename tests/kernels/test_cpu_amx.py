@@ -96,14 +96,15 @@ def _custom_calls(fn, *args, target):
 
 @needs_amx
 def test_bf16_layers_route_many_rows_to_amx_and_few_to_the_streaming_kernel():
-    """A Dense kernel from 8 rows, the tied head from 2 (the measurements at ``jaxserve.layers._CPU_AMX_MIN_ROWS``)."""
+    """A [K, N] Dense kernel from 8 rows, the tied head from 1 (the measurements at
+    ``jaxserve.layers._CPU_AMX_MIN_ROWS``)."""
     rng = np.random.default_rng(5)
     w = jnp.asarray(rng.standard_normal((64, 48)), jnp.bfloat16)
     embed = nn.Embed(48, 64, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
     e = {"params": {"embedding": w.T}}
     dot = lambda x: dot_via(jnp.bfloat16)(x, w, DN)  # noqa: E731
     head = lambda x: embed.apply(e, x, method=lambda m, x: tied_logits(m, x))  # noqa: E731
-    for rows, dense_amx, head_amx in ((1, 0, 0), (2, 0, 1), (7, 0, 1), (8, 1, 1), (64, 1, 1)):
+    for rows, dense_amx, head_amx in ((1, 0, 1), (2, 0, 1), (7, 0, 1), (8, 1, 1), (64, 1, 1)):
         x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.bfloat16)
         assert _custom_calls(dot, x, target="jaxserve_bf16_gemm_kn") == dense_amx, rows
         assert _custom_calls(dot, x, target="jaxserve_bf16_matmul_kn") == 1 - dense_amx, rows
@@ -127,7 +128,7 @@ def test_amx_switch_off_keeps_the_other_paths(monkeypatch):
 
 @needs_kernels
 def test_bf16_gemm_without_tiles_raises_before_any_call(monkeypatch):
-    monkeypatch.setattr(cpu, "_amx_granted", lambda: False)
+    monkeypatch.setattr(cpu, "amx_granted", lambda: False)
     assert not cpu.amx_usable()
     with pytest.raises(RuntimeError, match="bf16_gemm: AMX tiles are unavailable"):
         cpu.bf16_gemm(jnp.ones((20, 64)), jnp.ones((64, 48), jnp.bfloat16))

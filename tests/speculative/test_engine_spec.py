@@ -14,6 +14,8 @@ import tokenizers
 
 from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.engine.batching import BucketPolicy
+from jaxserve.kernels.cpu import amx_usable
+from jaxserve.kernels.cpu.packed import PackedBf16
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
 from jaxserve.tokenizer import Tokenizer
@@ -362,6 +364,8 @@ def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
     proposer = llm.engine.runner.proposer
     assert proposer.config.matmul_dtype == "bfloat16" and llm.engine.runner.config.matmul_dtype is None
     kernel = proposer.params["layers_0"]["mlp"]["up_proj"]["kernel"]
+    assert isinstance(kernel, PackedBf16) == amx_usable()  # a bf16 draft's kernels packed for AMX tiles where it can
+    kernel = kernel.unpack() if isinstance(kernel, PackedBf16) else kernel
     assert kernel.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(kernel, np.float32),
                                   np.asarray(models["near"]["layers_0"]["mlp"]["up_proj"]["kernel"].astype(jnp.bfloat16),

@@ -1,7 +1,8 @@
-// bf16 GEMMs on Intel AMX tiles, for many rows of x (batched decode, verify rounds, prefill), as XLA FFI handlers:
+// bf16 GEMMs on Intel AMX tiles (batched decode, verify rounds, prefill; packed weights: any rows), XLA FFI handlers:
 //
 //   jaxserve_bf16_gemm_kn: y f32[M, N] = bf16(x f32[M, K]) @ w bf16[K, N]     (a Dense kernel)
 //   jaxserve_bf16_gemm_nk: y f32[M, N] = bf16(x f32[M, K]) @ e bf16[N, K]^T   (a tied embedding as the LM head)
+//   jaxserve_bf16_gemm_packed: y f32[M, N] = bf16(x f32[M, K]) @ w, w bf16[K, N] packed once into B tiles (packed.py)
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
 //
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
@@ -16,6 +17,8 @@
 // Tiles (one configuration, every tile 16 rows x 64 bytes): C 0-3 (a 2 x 2 block of 32 x 32 outputs), A 4-5, B 6-7.
 // _kn: A is x (converted once, rows padded to whole tiles), B the weights, packed per 256-column chunk into pairs
 //      (vpermt2w of rows 2p and 2p + 1) in a buffer that stays in L2 while every row block of x passes over it.
+// _packed: as _kn with w already in the packed layout; blocks of up to 16 rows use C and A tiles of that many rows and
+//      two 32-column groups at once (C 0-3, A 4, B 5-7).
 // _nk: the roles swap, so that the big operand is read as stored: A is e (16 rows of a tied embedding, 32 k, loaded
 //      straight from memory), B is x transposed into pairs (built once); C holds y^T, transposed into y per work chunk.
 // One 2 x 2 block of C loads 2 A and 2 B tiles for 4 TDPBF16PS. Work is split into column chunks (rows of e) over
@@ -61,6 +64,16 @@ void load_tile_config() {
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// The configuration for one block of `rows` (<= 16) rows of x: C 0-3 and A 4 hold `rows` rows, B 5-7 16.
+void load_tile_config_rows(int64_t rows) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = (t < 5) ? uint8_t(rows) : uint8_t(kTileRows);
   }
   _tile_loadconfig(&cfg);
 }
@@ -206,6 +219,114 @@ void gemm_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
   });
 }
 
+// ---- _packed: y = x @ w, w packed once (jaxserve.kernels.cpu.packed.pack_bf16) ----
+// packed bf16[G, Kp * 32]: row g holds w's columns [32 g, 32 g + 32) as the two B tiles of every k block, in k order
+// (for kb: the tile of columns 32 g .. 32 g + 15, then of 32 g + 16 .. 32 g + 31; each 16 rows p of 16
+// (w[2p, n], w[2p + 1, n]) pairs). A 32-column group's whole K is one contiguous stream, read front to back whatever
+// M: no packing per call, and few rows stream the weights straight into the tiles. (One group at a time and two B
+// pairs alternating over the k blocks, or prefetches 8-32 KB ahead into L1 or L2: no faster at one row.)
+constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk holds at most (256 columns: L2)
+
+// One 32-row block of x (two tiles) times the 32 packed columns of `group`.
+void packed_block2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* group, float* y, int64_t M, int64_t N,
+                   int64_t n) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint16_t* b = group + kb * 2 * 16 * 32;
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + 16 * 32, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, xa + (m0 + kTileRows) * Kp + kb * kTileK, Kp * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  STORE_C(0, y, N, m0, n, M - m0, N - n);
+  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
+  STORE_C(2, y, N, m0 + kTileRows, n, M - m0 - kTileRows, N - n);
+  STORE_C(3, y, N, m0 + kTileRows, n + 16, M - m0 - kTileRows, N - n - 16);
+}
+
+// One block of at most 16 rows of x (load_tile_config_rows: C and A tiles of that many rows) times two groups of 32
+// packed columns at once (g: C 0-1, g + 1: C 2-3), so that two streams of weights are in flight; each C tile takes
+// the k blocks in order, one TDPBF16PS each, as packed_block2's do: the same bits.
+void packed_block1x2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* g0p, const uint16_t* g1p, float* y,
+                     int64_t M, int64_t N, int64_t n) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const int64_t off = kb * 2 * 16 * 32;
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_loadd(6, g0p + off, 64);
+    _tile_loadd(7, g0p + off + 16 * 32, 64);
+    _tile_loadd(5, g1p + off, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, g1p + off + 16 * 32, 64);
+    _tile_dpbf16ps(3, 4, 6);
+  }
+  STORE_C(0, y, N, m0, n, M - m0, N - n);
+  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
+  STORE_C(2, y, N, m0, n + 32, M - m0, N - n - 32);
+  STORE_C(3, y, N, m0, n + 48, M - m0, N - n - 48);
+}
+
+// One block of at most 16 rows of x times one group (the last of an odd count): C 0-1, A 4, B 6-7.
+void packed_block1(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* group, float* y, int64_t M, int64_t N,
+                   int64_t n) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint16_t* b = group + kb * 2 * 16 * 32;
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 16 * 32, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  STORE_C(0, y, N, m0, n, M - m0, N - n);
+  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
+}
+
+// Each thread takes a contiguous range of the G groups (k/v's 6: 3 a thread) and walks it in stretches of at most
+// kPackedChunkGroups; every 32-row block of x passes over a stretch (in L2 after the first). (Software prefetches of
+// the next stretch into L2, spread over the tile work, measured no faster.)
+void gemm_packed(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+                 float* y, int64_t threads) {
+  const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK), G = (N + 31) / 32;
+  const int64_t group_elems = Kp * 32, pairs = Mp / (2 * kTileRows);
+  const bool rest = Mp % (2 * kTileRows) != 0;
+  const uint16_t* xa = x_to_bf16(x, M, K, Mp, Kp);
+  const int64_t t = std::max<int64_t>(1, std::min(threads, G));
+  jaxserve::parallel_chunks(pool, t, t, [&](int64_t c) {
+    const int64_t r0 = c * G / t, r1 = (c + 1) * G / t;
+    for (int64_t g0 = r0; g0 < r1; g0 += kPackedChunkGroups) {
+      const int64_t g1 = std::min(r1, g0 + kPackedChunkGroups);
+      int64_t m0 = 0;
+      if (pairs) {
+        load_tile_config();
+        for (; m0 + 2 * kTileRows <= Mp; m0 += 2 * kTileRows)
+          for (int64_t g = g0; g < g1; ++g) packed_block2(xa, Kp, m0, packed + g * group_elems, y, M, N, g * 32);
+      }
+      if (rest) {
+        load_tile_config_rows(std::min(kTileRows, M - m0));
+        int64_t g = g0;
+        for (; g + 2 <= g1; g += 2)
+          packed_block1x2(xa, Kp, m0, packed + g * group_elems, packed + (g + 1) * group_elems, y, M, N, g * 32);
+        if (g < g1) packed_block1(xa, Kp, m0, packed + g * group_elems, y, M, N, g * 32);
+      }
+    }
+    _tile_release();
+  });
+}
+
 // ---- _nk: y = x @ e^T, e bf16[N, K] ----
 // x's bf16 pairs transposed into B tiles: for k block kb and row block mb of x, 16 rows p of 16 u32 pairs
 // (x[m, 2p], x[m, 2p + 1]) for the 16 rows m of the block, at xt[(kb * mblocks + mb) * 256].
@@ -306,6 +427,7 @@ bool request_amx() {
 constexpr bool kBuiltWithAmx = false;
 void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
+void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 bool request_amx() { return false; }
 #endif
 
@@ -329,6 +451,20 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
+// y f32[M, N] = x @ w, w as pack_bf16_for_amx packed it: bf16[ceil(N / 32), round_up(K, 32) * 32]; N an attribute.
+ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::BF16, 2> packed,
+                          ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+  if (!amx_ready())
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "bf16_gemm_packed: AMX tiles are unavailable");
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = y->dimensions()[1];
+  if (packed.dimensions()[0] != (N + 31) / 32 || packed.dimensions()[1] != (K + 31) / 32 * 32 * 32)
+    return ffi::Error::InvalidArgument("bf16_gemm_packed: the packed weight's shape does not match K and N");
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  gemm_packed(pool, x.typed_data(), M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N,
+              y->typed_data(), threads);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
@@ -345,5 +481,13 @@ using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
 
 JAXSERVE_BF16_GEMM(jaxserve_bf16_gemm_kn, false)
 JAXSERVE_BF16_GEMM(jaxserve_bf16_gemm_nk, true)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Matrix>()
+                                  .Arg<Bf16Matrix>()
+                                  .Ret<F32Matrix>()
+                                  .Attr<int64_t>("threads"));
 
 extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

@@ -61,11 +61,13 @@ def amx_usable() -> bool:
     """Whether traced bf16 matmuls of many rows should go to ``bf16_gemm`` (AMX tiles) now: ``usable()``,
     ``JAXSERVE_CPU_AMX`` not 0/off/false/no, a library built for a CPU with AMX-BF16, and Linux granting the process
     the tile state (asked once)."""
-    return usable() and enabled(AMX_SWITCH) and _amx_granted()
+    return usable() and enabled(AMX_SWITCH) and amx_granted()
 
 
 @functools.lru_cache(maxsize=None)
-def _amx_granted() -> bool:
+def amx_granted() -> bool:
+    """Whether the library has the AMX kernels and Linux granted this process the tile state (asked once; needs
+    the library loaded)."""
     return bool(build.load().jaxserve_amx_enable())
 
 
@@ -124,7 +126,7 @@ def _weight_matmul(name, w_dtype, x, w, transpose_w, threads, op="matmul"):
         raise ValueError(f"{name}: w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
     if build.load() is None:
         raise RuntimeError(f"{name}: the CPU kernels are unavailable (see the logged warning)")
-    if op == "gemm" and w_dtype == jnp.bfloat16 and not _amx_granted():
+    if op == "gemm" and w_dtype == jnp.bfloat16 and not amx_granted():
         raise RuntimeError(f"{name}: AMX tiles are unavailable (a CPU without AMX-BF16, or Linux refused them)")
     if op == "gemm" and w_dtype == jnp.float32 and build.load_blas() is None:
         raise RuntimeError(f"{name}: OpenBLAS is unavailable (see the logged warning)")

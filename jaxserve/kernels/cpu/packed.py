@@ -1,0 +1,115 @@
+"""bf16 Dense kernels packed once into the layout AMX tiles load, and the GEMM that reads them (``amx.cc``'s
+``jaxserve_bf16_gemm_packed``).
+
+``bf16_gemm`` packs a [K, N] kernel into tile pairs on every call: at many rows that costs about what reading the
+weights does, and at a few rows it is why ``bf16_matmul`` (vdpbf16ps) stayed faster. ``PackedBf16`` holds the kernel
+already in that layout, so one GEMM serves every row count: decode rows, verify rows and prefill get the same bits
+for the same row (AMX's sums do not depend on the other rows), and a weight is stored once.
+
+Layout: ``data`` bf16[ceil(N / 32), round_up(K, 32) * 32]; row g holds columns [32 g, 32 g + 32) as the two B tiles of
+each 32-wide k block in k order, every tile 16 rows of 16 (w[2p, n], w[2p + 1, n]) pairs; zeros pad K and N.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.kernels.cpu import build
+from jaxserve.kernels.cpu.matmul import amx_granted, default_threads
+
+TILE_K = 32  # bf16 k per A tile row
+GROUP = 32   # columns of w per packed row (two B tiles of 16)
+
+
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedBf16:
+    """A bf16 [K, N] weight packed for ``bf16_gemm_packed`` (see the module docstring): ``shape`` is the weight's."""
+    data: jax.Array                                      # bf16[ceil(N / 32), round_up(K, 32) * 32]
+    shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.bfloat16)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size * 2
+
+    def unpack(self) -> jax.Array:
+        """The [K, N] bf16 weight back, bit for bit."""
+        k, n = self.shape
+        kp, g = _round_up(k, TILE_K), self.data.shape[0]
+        blocks = self.data.reshape(g, kp // TILE_K, 2, 16, 16, 2)          # [g, kb, tile, p, j, parity]
+        w = blocks.transpose(1, 3, 5, 0, 2, 4).reshape(kp, g * GROUP)      # [kb, p, parity | g, tile, j]
+        return w[:k, :n]
+
+
+def pack_bf16(w) -> PackedBf16:
+    """w bf16[K, N] (any float dtype is rounded to bf16) -> ``PackedBf16``. Jittable; exact for bf16 w."""
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"pack_bf16: w must be 2-D [K, N], got shape {w.shape}")
+    k, n = w.shape
+    kp, np_ = _round_up(k, TILE_K), _round_up(n, GROUP)
+    w = jnp.pad(w.astype(jnp.bfloat16), ((0, kp - k), (0, np_ - n)))
+    blocks = w.reshape(kp // TILE_K, 16, 2, np_ // GROUP, 2, 16)            # [kb, p, parity, g, tile, j]
+    data = blocks.transpose(3, 0, 4, 1, 5, 2).reshape(np_ // GROUP, kp * GROUP)
+    return PackedBf16(data, (k, n))
+
+
+def pack_dense_kernels(params):
+    """params with every Dense kernel (a leaf named ``kernel``: a 2-D bf16 array, [K, N]) packed (``PackedBf16``);
+    other leaves as they are. For a model whose Dense layers are ``jaxserve.layers.dense`` (``_Dense`` reads a packed
+    kernel; a plain ``nn.Dense`` would refuse it: its param's shape check)."""
+    def pack(path, leaf):
+        name = getattr(path[-1], "key", None) if path else None
+        if name == "kernel" and isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == jnp.bfloat16:
+            return _pack_jit(leaf)
+        return leaf
+    return jax.tree_util.tree_map_with_path(pack, params)
+
+
+_pack_jit = jax.jit(pack_bf16)
+
+
+def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
+    """x f32/bf16[M, K] @ w (a ``PackedBf16`` of shape [K, N]) -> f32[M, N]: x rounded to bf16, exact products summed
+    in float32 by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same k order). A row's
+    result does not depend on M or the threads. Needs ``matmul.amx_usable()``. Differentiable in x (the JVP uses
+    XLA's dot on the unpacked weight); under vmap the call runs once per batch element."""
+    x = jnp.asarray(x)
+    k, n = w.shape
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"bf16_gemm_packed: x must be [M, {k}] for a [{k}, {n}] weight, got x{x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"bf16_gemm_packed: x must be floating point, got {x.dtype}")
+    if build.load() is None or not amx_granted():
+        raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
+                           "built, or Linux refused the tile state)")
+    return _gemm(x.astype(jnp.float32), w, threads or default_threads())
+
+
+def _gemm(x, w: PackedBf16, threads: int):
+    return _gemm_x(x, w.data, w.shape, threads)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def _gemm_x(x, data, shape, threads):
+    call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0], shape[1]), jnp.float32),
+                            vmap_method="sequential")
+    return call(x, data, threads=threads)
+
+
+@_gemm_x.defjvp
+def _gemm_x_jvp(shape, threads, primals, tangents):
+    (x, data), (dx, ddata) = primals, tangents
+    unpacked = lambda d: PackedBf16(d, shape).unpack().astype(jnp.float32)  # noqa: E731
+    return _gemm_x(x, data, shape, threads), jnp.dot(dx, unpacked(data)) + jnp.dot(x, unpacked(ddata))

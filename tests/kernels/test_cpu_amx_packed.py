@@ -1,0 +1,142 @@
+"""bf16 Dense kernels packed once for AMX tiles (``jaxserve.kernels.cpu.packed``): the layout against the [K, N]
+weight, the packed GEMM against ``bf16_gemm`` bit for bit, its row invariance, the Dense layer that reads a packed
+kernel, and the engine that packs them (``EngineConfig.weight_layout``).
+
+The layout tests run anywhere; the GEMM and engine tests skip on CPUs without AMX-BF16. (The guard-page harness,
+``cpu_amx_guard_pages.cc``, runs the packed GEMM at every ragged edge: test_cpu_amx.py.)
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxserve import LLM, SamplingParams
+from jaxserve.config import EngineConfig
+from jaxserve.kernels.cpu import matmul as cpu
+from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed, pack_bf16, pack_dense_kernels
+from jaxserve.layers import dense
+from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
+
+needs_amx = pytest.mark.skipif(not cpu.amx_usable(), reason="no AMX-BF16 tiles on this CPU (or the kernels)")
+
+
+def _weight(k, n, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal((k, n)), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("k, n", [(576, 192), (33, 100), (1, 1), (64, 32)])
+def test_pack_layout_puts_each_weight_where_the_tiles_read_it(k, n):
+    """data[g, kb * 1024 + t * 512 + p * 32 + j * 2 + parity] = w[32 kb + 2 p + parity, 32 g + 16 t + j]; zeros
+    past K and N; unpack gives w back bit for bit."""
+    w = _weight(k, n)
+    packed = pack_bf16(w)
+    kp, g = -(-k // 32) * 32, -(-n // 32)
+    assert packed.shape == (k, n) and packed.data.shape == (g, kp * 32) and packed.data.dtype == jnp.bfloat16
+    data, wn = np.asarray(packed.data, np.float32), np.asarray(w, np.float32)
+    rng = np.random.default_rng(1)
+    for gi, i in zip(rng.integers(0, g, 200), rng.integers(0, kp * 32, 200)):
+        kb, t, p, j, parity = i // 1024, i // 512 % 2, i // 32 % 16, i // 2 % 16, i % 2
+        kk, nn = 32 * kb + 2 * p + parity, 32 * gi + 16 * t + j
+        assert data[gi, i] == (wn[kk, nn] if kk < k and nn < n else 0.0)
+    np.testing.assert_array_equal(np.asarray(packed.unpack(), np.float32), wn)
+
+
+def test_pack_dense_kernels_packs_only_2d_bf16_kernels():
+    params = {"q_proj": {"kernel": _weight(64, 32), "bias": jnp.zeros(32, jnp.bfloat16)},
+              "norm": {"scale": jnp.ones(64, jnp.bfloat16)},
+              "f32": {"kernel": jnp.ones((64, 32), jnp.float32)},
+              "experts": {"kernel": jnp.ones((4, 64, 32), jnp.bfloat16)}}
+    out = pack_dense_kernels(params)
+    assert isinstance(out["q_proj"]["kernel"], PackedBf16)
+    for path in (("q_proj", "bias"), ("norm", "scale"), ("f32", "kernel"), ("experts", "kernel")):
+        assert out[path[0]][path[1]] is params[path[0]][path[1]]
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (9, 576, 192), (64, 576, 1536), (37, 1536, 576), (5, 50, 70),
+                                     (33, 64, 33), (16, 1, 17)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_gemm_gives_the_bits_of_bf16_gemm(m, k, n, threads):
+    """The same tile ops in the same k order as the per-call packing GEMM, whatever the blocking."""
+    rng = np.random.default_rng(m + k + n)
+    x, w = jnp.asarray(rng.standard_normal((m, k)), jnp.float32), _weight(k, n, m)
+    got = jax.jit(lambda x, p: bf16_gemm_packed(x, p, threads=threads))(x, pack_bf16(w))
+    assert got.shape == (m, n) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(cpu.bf16_gemm(x, w, threads=threads)))
+
+
+@needs_amx
+def test_packed_gemm_rows_do_not_depend_on_the_batch_or_threads():
+    """A row gives the same bits alone (16-row blocks of one row), in a block of 9, past 32-row pairs, on 1 or 2
+    threads: decode rows and verify rows of one request agree."""
+    rng = np.random.default_rng(3)
+    x, p = jnp.asarray(rng.standard_normal((64, 576)), jnp.float32), pack_bf16(_weight(576, 700))
+    full = np.asarray(bf16_gemm_packed(x, p, threads=2))
+    for rows, threads in ((1, 1), (1, 2), (9, 2), (17, 1), (40, 2)):
+        np.testing.assert_array_equal(np.asarray(bf16_gemm_packed(x[-rows:], p, threads=threads)), full[-rows:])
+
+
+@needs_amx
+def test_packed_gemm_grad_in_x():
+    x, w = jnp.ones((3, 64)), _weight(64, 48)
+    g = jax.grad(lambda x: bf16_gemm_packed(x, pack_bf16(w)).sum())(x)
+    np.testing.assert_allclose(g, np.broadcast_to(np.asarray(w, np.float32).sum(1), x.shape), rtol=1e-6)
+
+
+@needs_amx
+def test_packed_gemm_refuses_a_mismatched_x():
+    with pytest.raises(ValueError,
+                       match=r"bf16_gemm_packed: x must be \[M, 64\] for a \[64, 48\] weight, got x\(3, 32\)"):
+        bf16_gemm_packed(jnp.ones((3, 32)), pack_bf16(_weight(64, 48)))
+
+
+@needs_amx
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_layer_with_a_packed_kernel_gives_the_amx_bits(bias):
+    """``jaxserve.layers.dense`` reads a packed kernel: from 8 rows the [K, N] layer runs ``bf16_gemm`` (the
+    ``_CPU_AMX_MIN_ROWS`` routing), and the packed one the same bits at every row count."""
+    layer = dense(48, jnp.bfloat16, "proj", bias=bias)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 12, 64)), jnp.bfloat16)
+    params = layer.init(jax.random.key(0), x)
+    if bias:
+        params = jax.tree.map(lambda a: a + 0.5 if a.ndim == 1 else a, params)
+    packed = pack_dense_kernels(params)
+    assert isinstance(packed["params"]["kernel"], PackedBf16)
+    got, want = jax.jit(layer.apply)(packed, x), jax.jit(layer.apply)(params, x)  # 24 rows: AMX on both
+    assert got.dtype == want.dtype == jnp.bfloat16 and got.shape == (2, 12, 48)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    one = jax.jit(layer.apply)(packed, x[:1, :1])  # one row: the streaming kernel for [K, N], tiles when packed
+    np.testing.assert_array_equal(np.asarray(one, np.float32), np.asarray(got[:1, :1], np.float32))
+
+
+@needs_amx
+def test_dense_layer_refuses_a_packed_kernel_of_another_shape():
+    layer = dense(48, jnp.bfloat16, "proj")
+    params = {"params": {"kernel": pack_bf16(_weight(32, 48))}}
+    with pytest.raises(ValueError, match=r"kernel PackedBf16 of shape \(32, 48\) does not fit inputs \(2, 64\) -> 48"):
+        layer.apply(params, jnp.ones((2, 64), jnp.bfloat16))
+
+
+def test_weight_layout_is_checked():
+    with pytest.raises(ValueError, match="EngineConfig.weight_layout must be one of .*got 'packed'"):
+        EngineConfig(weight_layout="packed")
+    with pytest.raises(TypeError, match="EngineConfig.weight_layout must be a str, got 1"):
+        EngineConfig(weight_layout=1)
+
+
+@needs_amx
+def test_bf16_engine_packs_its_kernels_and_agrees_with_the_stored_layout():
+    """A bf16 zoo model: the engine packs every Dense kernel (``weight_layout="auto"``), ``"as_stored"`` keeps
+    [K, N] arrays; greedy tokens agree up to a near-tie (the AMX tiles sum in another order than the streaming
+    kernel a 1-row step of the stored layout runs), and so do the log-probs."""
+    prompts = ["def add(a, b):", "class Stack:\n    def push(self, x):"]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=3)
+    outs = {}
+    for layout in ("auto", "as_stored"):
+        llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4, weight_layout=layout)
+        kernels = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
+            llm.engine.runner.params, is_leaf=lambda a: isinstance(a, PackedBf16))[0]
+            if getattr(path[-1], "key", None) == "kernel"]
+        assert kernels and all(isinstance(k, PackedBf16) == (layout == "auto") for k in kernels)
+        outs[layout] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    _assert_greedy_agrees(outs["auto"], outs["as_stored"])
