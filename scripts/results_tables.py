@@ -376,7 +376,9 @@ SUFFIX_LONG = {**{dtype: f"{SPEC}/smollm2_chat_repetitive_suffix_160_{dtype}/res
                "results.json",
                "bfloat16, idle Intel Xeon, AMX GEMMs": f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_amx/results.json",
                "bfloat16, idle Intel Xeon, attention page groups + RoPE tables":
-                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_groups/results.json"}
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_groups/results.json",
+               "bfloat16, idle Intel Xeon, Dense kernels packed for AMX tiles":
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_packed/results.json"}
 
 
 def spec_suffix_gammas(runs=SUFFIX_GAMMAS):
@@ -929,7 +931,10 @@ CLAIMS = (
           "matmuls are compute-bound on vdpbf16ps (2.2–2.4× a 1-row one). Then the same VM idle (load average 1.5–1.9) "
           "with bf16 GEMMs on AMX tiles (a158648; the tree dirty in scripts and docs only): the 9-row tied head 5.1 → "
           "2.3 ms, **2.13×** end to end, 2.25× decode phase, a round ~1.38 plain steps, output identical to the plain "
-          "engine."),
+          "engine. After the attention kernel's page groups and RoPE's tables (467c94c): 1.89× / 1.97×, the answers "
+          "changed at a bf16 near-tie (length 2.64). Last row: the Dense kernels packed once for AMX tiles (36af0d6, "
+          "run at 35656c7; load average 1.1–1.5): **2.27×** end to end, 2.44× decode phase, a round ~1.21 plain steps "
+          "(length 2.96 / 2.44), output not identical to the plain engine's (see the weight-layout table)."),
     Claim("Float32 CPU kernels (`f32_matmul`): few-row matmuls and SmolLM2-135M-Instruct's 5-token verify "
           "(float32, 2 threads)", F32_MATMUL + (F32_E2E,), cpu_f32_kernels,
           "Matmuls in µs: `benchmarks/cpu_matmul.py` (distinct weights per call, past the L3), medians of 3 runs; "
