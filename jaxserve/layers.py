@@ -281,5 +281,8 @@ class SwiGLU(nn.Module):
     def __call__(self, x):
         proj = lambda n, name: dense(n, self.dtype, name, matmul_dtype=self.matmul_dtype)  # noqa: E731
         act = _ACTIVATIONS[self.activation]
-        h = act(proj(self.intermediate_size, "gate_proj")(x)) * proj(self.intermediate_size, "up_proj")(x)
-        return proj(self.hidden_size, "down_proj")(h)
+        if self.has_variable("params", "gate_up_proj"):  # fused by a runner (jaxserve.kernels.cpu.packed.FUSIONS)
+            gate, up = jnp.split(proj(2 * self.intermediate_size, "gate_up_proj")(x), 2, axis=-1)
+        else:
+            gate, up = proj(self.intermediate_size, "gate_proj")(x), proj(self.intermediate_size, "up_proj")(x)
+        return proj(self.hidden_size, "down_proj")(act(gate) * up)

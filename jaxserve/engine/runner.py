@@ -57,7 +57,8 @@ WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[
 def packs_for_amx(config: ModelConfig) -> bool:
     """Whether a runner packs the model's Dense kernels for AMX tiles (``jaxserve.kernels.cpu.packed``): bf16 matmuls
     on one CPU device with AMX (``amx_usable``; ``JAXSERVE_CPU_AMX=0`` turns it off). Every row count then runs the
-    same tile GEMM, with no packing per call (SmolLM2 bf16 end to end: batch 1 1.09x, 64 1.06x, ShareGPT 1.15x).
+    same tile GEMM, with no packing per call (SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x), and
+    q/k/v and gate/up run as one GEMM each (``jaxserve.kernels.cpu.packed.FUSIONS``).
     The matmuls of a row then give the same bits in any batch; the model's XLA reductions (RMSNorm, log-softmax) of
     different step shapes still need not, so bf16 outputs may still differ with the batch at near-ties."""
     if jnp.dtype(config.matmul_dtype or config.dtype) != jnp.bfloat16:

@@ -73,9 +73,14 @@ class Attention(nn.Module):
                  rope_cos_sin: tuple[jax.Array, jax.Array] | None = None):
         c = self.config
         lead = x.shape[:-1]
-        q = _dense(c, c.num_heads * c.head_dim, c.qkv_bias, "q_proj")(x).reshape(*lead, c.num_heads, c.head_dim)
-        k = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "k_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
-        v = _dense(c, c.num_kv_heads * c.head_dim, c.qkv_bias, "v_proj")(x).reshape(*lead, c.num_kv_heads, c.head_dim)
+        nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        if self.has_variable("params", "qkv_proj"):  # fused by a runner (jaxserve.kernels.cpu.packed.FUSIONS)
+            q, k, v = jnp.split(_dense(c, nq + 2 * nkv, c.qkv_bias, "qkv_proj")(x), [nq, nq + nkv], axis=-1)
+        else:
+            q, k, v = (_dense(c, n, c.qkv_bias, name)(x) for n, name in ((nq, "q_proj"), (nkv, "k_proj"),
+                                                                          (nkv, "v_proj")))
+        q = q.reshape(*lead, c.num_heads, c.head_dim)
+        k, v = (t.reshape(*lead, c.num_kv_heads, c.head_dim) for t in (k, v))
         if c.qk_norm:
             q, k = _norm(c, "q_norm")(q), _norm(c, "k_norm")(k)
         if rope_cos_sin is None:  # (the model hands every layer its tables, computed once)

@@ -15,6 +15,7 @@ from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed, pack_bf16, pack_dense_kernels
 from jaxserve.layers import dense
+from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
 
 needs_amx = pytest.mark.skipif(not cpu.amx_usable(), reason="no AMX-BF16 tiles on this CPU (or the kernels)")
@@ -50,6 +51,45 @@ def test_pack_dense_kernels_packs_only_2d_bf16_kernels():
     assert isinstance(out["q_proj"]["kernel"], PackedBf16)
     for path in (("q_proj", "bias"), ("norm", "scale"), ("f32", "kernel"), ("experts", "kernel")):
         assert out[path[0]][path[1]] is params[path[0]][path[1]]
+
+
+def test_pack_dense_kernels_fuses_the_projections_of_one_input():
+    """q/k/v and gate/up (with their biases) become one layer each, columns side by side; a group with a part
+    missing, not bf16, or with a bias on some parts only stays as it was. fuse=False keeps every layer."""
+    w = {name: _weight(64, n, i) for i, (name, n) in enumerate((("q_proj", 32), ("k_proj", 16), ("v_proj", 16),
+                                                               ("o_proj", 64), ("gate_proj", 48), ("up_proj", 48)))}
+    bias = {name: jnp.full(w[name].shape[1], i, jnp.bfloat16) for i, name in enumerate(("q_proj", "k_proj", "v_proj"))}
+    params = {"attn": {n: {"kernel": w[n], "bias": bias[n]} for n in ("q_proj", "k_proj", "v_proj")}
+              | {"o_proj": {"kernel": w["o_proj"]}},
+              "mlp": {n: {"kernel": w[n]} for n in ("gate_proj", "up_proj")},
+              "half_biased": {"gate_proj": {"kernel": w["gate_proj"], "bias": bias["q_proj"][:48]},
+                              "up_proj": {"kernel": w["up_proj"]}},
+              "f32": {"gate_proj": {"kernel": w["gate_proj"].astype(jnp.float32)}, "up_proj": {"kernel": w["up_proj"]}}}
+    out = pack_dense_kernels(params)
+    assert set(out["attn"]) == {"qkv_proj", "o_proj"} and set(out["mlp"]) == {"gate_up_proj"}
+    qkv = out["attn"]["qkv_proj"]
+    np.testing.assert_array_equal(np.asarray(qkv["kernel"].unpack(), np.float32),
+                                  np.concatenate([np.asarray(w[n], np.float32) for n in ("q_proj", "k_proj", "v_proj")], 1))
+    np.testing.assert_array_equal(np.asarray(qkv["bias"], np.float32), np.repeat([0, 1, 2], [32, 16, 16]))
+    assert out["mlp"]["gate_up_proj"]["kernel"].shape == (64, 96)
+    assert set(out["half_biased"]) == {"gate_proj", "up_proj"} and set(out["f32"]) == {"gate_proj", "up_proj"}
+    assert set(pack_dense_kernels(params, fuse=False)["attn"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+@needs_amx
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_fused_projections_give_the_bits_of_separate_ones(preset):
+    """A bf16 model forward with q/k/v and gate/up fused (one packed GEMM each) against the same packed layers
+    called one by one: every column sums the same k blocks in the same order, so the logits are equal bit for bit.
+    (tiny-qwen3: q/k norms after the split.)"""
+    config = get_preset(preset).replace(dtype="bfloat16")
+    params = init_params(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, config.vocab_size)
+    fused, separate = pack_dense_kernels(params), pack_dense_kernels(params, fuse=False)
+    assert "qkv_proj" in fused["layers_0"]["attn"] and "gate_up_proj" in fused["layers_0"]["mlp"]
+    run = jax.jit(forward_full, static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(run(fused, config, tokens), np.float32),
+                                  np.asarray(run(separate, config, tokens), np.float32))
 
 
 @needs_amx

@@ -363,9 +363,13 @@ def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
     llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["near"]), **ENGINE)
     proposer = llm.engine.runner.proposer
     assert proposer.config.matmul_dtype == "bfloat16" and llm.engine.runner.config.matmul_dtype is None
-    kernel = proposer.params["layers_0"]["mlp"]["up_proj"]["kernel"]
-    assert isinstance(kernel, PackedBf16) == amx_usable()  # a bf16 draft's kernels packed for AMX tiles where it can
-    kernel = kernel.unpack() if isinstance(kernel, PackedBf16) else kernel
+    mlp = proposer.params["layers_0"]["mlp"]
+    if amx_usable():  # a bf16 draft's kernels packed for AMX tiles, gate and up fused (jaxserve.kernels.cpu.packed)
+        fused = mlp["gate_up_proj"]["kernel"]
+        assert isinstance(fused, PackedBf16)
+        kernel = fused.unpack()[:, fused.shape[1] // 2:]
+    else:
+        kernel = mlp["up_proj"]["kernel"]
     assert kernel.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(kernel, np.float32),
                                   np.asarray(models["near"]["layers_0"]["mlp"]["up_proj"]["kernel"].astype(jnp.bfloat16),

@@ -4,7 +4,8 @@
 ``bf16_gemm`` packs a [K, N] kernel into tile pairs on every call: at many rows that costs about what reading the
 weights does, and at a few rows it is why ``bf16_matmul`` (vdpbf16ps) stayed faster. ``PackedBf16`` holds the kernel
 already in that layout, so one GEMM serves every row count: decode rows, verify rows and prefill get the same bits
-for the same row (AMX's sums do not depend on the other rows), and a weight is stored once.
+for the same row (AMX's sums do not depend on the other rows), and a weight is stored once. ``pack_dense_kernels`` packs
+a model's Dense kernels and fuses the projections of one input (``FUSIONS``: q/k/v, gate/up) into one GEMM each.
 
 Layout: ``data`` bf16[ceil(N / 32), round_up(K, 32) * 32]; row g holds columns [32 g, 32 g + 32) as the two B tiles of
 each 32-wide k block in k order, every tile 16 rows of 16 (w[2p, n], w[2p + 1, n]) pairs; zeros pad K and N.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -65,16 +67,34 @@ def pack_bf16(w) -> PackedBf16:
     return PackedBf16(data, (k, n))
 
 
-def pack_dense_kernels(params):
+# Projections of one input a runner fuses into one packed GEMM, the parts' columns side by side: (the fused module's
+# name, its parts in order). The model runs the fused module when its params hold it (jaxserve.models.transformer's
+# Attention, jaxserve.layers.SwiGLU). A column's sums do not depend on its neighbours: the same bits, fewer calls.
+FUSIONS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
+
+
+def pack_dense_kernels(params, fuse: bool = True):
     """params with every Dense kernel (a leaf named ``kernel``: a 2-D bf16 array, [K, N]) packed (``PackedBf16``);
-    other leaves as they are. For a model whose Dense layers are ``jaxserve.layers.dense`` (``_Dense`` reads a packed
-    kernel; a plain ``nn.Dense`` would refuse it: its param's shape check)."""
-    def pack(path, leaf):
-        name = getattr(path[-1], "key", None) if path else None
-        if name == "kernel" and isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == jnp.bfloat16:
-            return _pack_jit(leaf)
-        return leaf
-    return jax.tree_util.tree_map_with_path(pack, params)
+    other leaves as they are. With ``fuse``, the parts of each of ``FUSIONS`` found side by side as bf16 Dense layers
+    (all with biases or none) become one fused layer. For a model whose Dense layers are ``jaxserve.layers.dense``
+    (``_Dense`` reads a packed kernel; a plain ``nn.Dense`` would refuse it: its param's shape check)."""
+    def is_kernel(leaf):
+        return isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == jnp.bfloat16
+
+    def walk(tree):
+        if not isinstance(tree, Mapping):
+            return tree
+        out = dict(tree)
+        for fused, parts in FUSIONS if fuse else ():
+            layers = [out.get(p) for p in parts]
+            if not all(isinstance(d, Mapping) and is_kernel(d.get("kernel")) and set(d) <= {"kernel", "bias"}
+                       for d in layers) or len({frozenset(d) for d in layers}) != 1 or fused in out:
+                continue
+            out[fused] = {key: jnp.concatenate([d[key] for d in layers], axis=-1) for key in layers[0]}
+            for p in parts:
+                del out[p]
+        return {name: _pack_jit(sub) if name == "kernel" and is_kernel(sub) else walk(sub) for name, sub in out.items()}
+    return walk(params)
 
 
 _pack_jit = jax.jit(pack_bf16)
