@@ -39,6 +39,12 @@ class KVLayer:
         Negative slots mark padding tokens and are dropped.
         """
         num_pages, page_size = self.num_pages, self.page_size
+        if k.shape[0] == 1:  # one row, written twice to its slot (the same bits): XLA would turn a one-row scatter
+            # into a dynamic update slice, whose fused computation of the row (RoPE, the bf16 rounding) rounded k
+            # differently from the scatter of more rows, so a bf16 request decoded alone drifted from itself in a
+            # batch (one bit of layer 23's k at SmolLM2's 94th position, then its log-probs). (A second row with a
+            # constant slot of -1 was simplified away again.)
+            k, v, slot_mapping = (jnp.concatenate([a, a]) for a in (k, v, slot_mapping))
         slots = jnp.where(slot_mapping < 0, num_pages * page_size, slot_mapping)
         page, offset = slots // page_size, slots % page_size  # padding: page index out of range => dropped
         # Indexed by (page, offset), not through a [P*S, K, D] reshape: with one KV head that reshape
