@@ -982,9 +982,12 @@ CLAIMS = (
           "139 (the packed GEMM gives each thread 3 of k/v's 6 column groups), gate/up 196 vs 222, down 234 vs 278; at "
           "one row the packed GEMM is no faster than the streaming kernel (gate/up 76–85 vs 57–68 µs; q/o 36–40 vs "
           "44), yet end to end batch 1 gains too (the head at one row on tiles, fewer kinds of call). A row's matmul "
-          "bits no longer depend on the batch (tested), but bf16 outputs still can: greedy suffix speculation "
-          "reproduced the plain engine on 2 of 4 chat prompts (as stored: 4 of 4 on that set, by chance), and a prompt alone against beside another differed in "
-          "log-probs from its 31st-37th token (something outside the matmuls, not found yet)."),
+          "bits no longer depend on the batch (tested). A prompt decoded alone then still drifted from itself beside "
+          "another (log-probs from its 33rd–37th token): XLA compiled a one-row KV write as a dynamic update slice "
+          "that rounded k differently; since d1cf858 `KVLayer.write` writes a lone row twice, and alone == in a batch "
+          "bit for bit (a slow test, under the users' XLA flags). Greedy suffix speculation still differs from the "
+          "plain engine on 2 of 4 chat prompts (as stored: 4 of 4 on that set, by chance): another step shape rounds "
+          "differently, not found yet."),
     Claim("A bf16 model's KV pool as bf16 bits against float32 on CPU: SmolLM2-135M-Instruct bfloat16, end to end",
           (CPU_BF16_KV,), functools.partial(gemm_ab, CPU_BF16_KV, "KV pool"),
           "`benchmarks/cpu_blas_ab.py --dtype bfloat16 --workloads batch64,batch1,prefill --variants bf16kv,f32kv "
