@@ -33,6 +33,7 @@ from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, Sa
                                       sample_rows, sampling_columns)
 from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
+from jaxserve.kernels.cpu import amx_usable
 from jaxserve.kernels.cpu.packed import pack_dense_kernels
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import attention_backend, new_kv_pool
@@ -58,13 +59,10 @@ def packs_for_amx(config: ModelConfig) -> bool:
     """Whether a runner packs the model's Dense kernels for AMX tiles (``jaxserve.kernels.cpu.packed``): bf16 matmuls
     on one CPU device with AMX (``amx_usable``; ``JAXSERVE_CPU_AMX=0`` turns it off). Every row count then runs the
     same tile GEMM, with no packing per call (SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x), and
-    q/k/v and gate/up run as one GEMM each (``jaxserve.kernels.cpu.packed.FUSIONS``).
-    The matmuls of a row then give the same bits in any batch; the model's XLA reductions (RMSNorm, log-softmax) of
-    different step shapes still need not, so bf16 outputs may still differ with the batch at near-ties."""
-    if jnp.dtype(config.matmul_dtype or config.dtype) != jnp.bfloat16:
-        return False
-    from jaxserve.kernels.cpu import amx_usable  # (checks the backend and loads the kernels)
-    return amx_usable()
+    q/k/v and gate/up run as one GEMM each (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the
+    same bits in any batch (a lone request decodes as it does in a batch; bf16 speculation does not yet reproduce the
+    plain engine bit for bit: benchmarks/RESULTS.md, the weight-layout table)."""
+    return jnp.dtype(config.matmul_dtype or config.dtype) == jnp.bfloat16 and amx_usable()  # (loads the kernels)
 
 
 class ModelRunner:

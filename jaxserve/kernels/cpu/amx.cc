@@ -17,8 +17,8 @@
 // Tiles (one configuration, every tile 16 rows x 64 bytes): C 0-3 (a 2 x 2 block of 32 x 32 outputs), A 4-5, B 6-7.
 // _kn: A is x (converted once, rows padded to whole tiles), B the weights, packed per 256-column chunk into pairs
 //      (vpermt2w of rows 2p and 2p + 1) in a buffer that stays in L2 while every row block of x passes over it.
-// _packed: as _kn with w already in the packed layout; blocks of up to 16 rows use C and A tiles of that many rows and
-//      two 32-column groups at once (C 0-3, A 4, B 5-7).
+// _packed: as _kn with w already in the packed layout (kn_block reads a group as a chunk of two tiles); blocks of up to
+//      16 rows use C and A tiles of that many rows and two 32-column groups at once (C 0-3, A 4, B 5-7).
 // _nk: the roles swap, so that the big operand is read as stored: A is e (16 rows of a tied embedding, 32 k, loaded
 //      straight from memory), B is x transposed into pairs (built once); C holds y^T, transposed into y per work chunk.
 // One 2 x 2 block of C loads 2 A and 2 B tiles for 4 TDPBF16PS. Work is split into column chunks (rows of e) over
@@ -227,33 +227,9 @@ void gemm_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 // pairs alternating over the k blocks, or prefetches 8-32 KB ahead into L1 or L2: no faster at one row.)
 constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk holds at most (256 columns: L2)
 
-// One 32-row block of x (two tiles) times the 32 packed columns of `group`.
-void packed_block2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* group, float* y, int64_t M, int64_t N,
-                   int64_t n) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
-    const uint16_t* b = group + kb * 2 * 16 * 32;
-    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
-    _tile_loadd(6, b, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b + 16 * 32, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, xa + (m0 + kTileRows) * Kp + kb * kTileK, Kp * 2);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  STORE_C(0, y, N, m0, n, M - m0, N - n);
-  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
-  STORE_C(2, y, N, m0 + kTileRows, n, M - m0 - kTileRows, N - n);
-  STORE_C(3, y, N, m0 + kTileRows, n + 16, M - m0 - kTileRows, N - n - 16);
-}
-
 // One block of at most 16 rows of x (load_tile_config_rows: C and A tiles of that many rows) times two groups of 32
 // packed columns at once (g: C 0-1, g + 1: C 2-3), so that two streams of weights are in flight; each C tile takes
-// the k blocks in order, one TDPBF16PS each, as packed_block2's do: the same bits.
+// the k blocks in order, one TDPBF16PS each, as kn_block's do: the same bits.
 void packed_block1x2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* g0p, const uint16_t* g1p, float* y,
                      int64_t M, int64_t N, int64_t n) {
   _tile_zero(0);
@@ -278,23 +254,6 @@ void packed_block1x2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t*
   STORE_C(3, y, N, m0, n + 48, M - m0, N - n - 48);
 }
 
-// One block of at most 16 rows of x times one group (the last of an odd count): C 0-1, A 4, B 6-7.
-void packed_block1(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* group, float* y, int64_t M, int64_t N,
-                   int64_t n) {
-  _tile_zero(0);
-  _tile_zero(1);
-  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
-    const uint16_t* b = group + kb * 2 * 16 * 32;
-    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
-    _tile_loadd(6, b, 64);
-    _tile_loadd(7, b + 16 * 32, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-  }
-  STORE_C(0, y, N, m0, n, M - m0, N - n);
-  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
-}
-
 // Each thread takes a contiguous range of the G groups (k/v's 6: 3 a thread) and walks it in stretches of at most
 // kPackedChunkGroups; every 32-row block of x passes over a stretch (in L2 after the first). (Software prefetches of
 // the next stretch into L2, spread over the tile work, measured no faster.)
@@ -313,14 +272,15 @@ void gemm_packed(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, co
       if (pairs) {
         load_tile_config();
         for (; m0 + 2 * kTileRows <= Mp; m0 += 2 * kTileRows)
-          for (int64_t g = g0; g < g1; ++g) packed_block2(xa, Kp, m0, packed + g * group_elems, y, M, N, g * 32);
+          for (int64_t g = g0; g < g1; ++g)  // a group is kn_block's packed chunk of two 16-column tiles
+            kn_block<true>(xa, Kp, m0, packed + g * group_elems, 2, 0, y, M, N, g * 32);
       }
       if (rest) {
         load_tile_config_rows(std::min(kTileRows, M - m0));
         int64_t g = g0;
         for (; g + 2 <= g1; g += 2)
           packed_block1x2(xa, Kp, m0, packed + g * group_elems, packed + (g + 1) * group_elems, y, M, N, g * 32);
-        if (g < g1) packed_block1(xa, Kp, m0, packed + g * group_elems, y, M, N, g * 32);
+        if (g < g1) kn_block<false>(xa, Kp, m0, packed + g * group_elems, 2, 0, y, M, N, g * 32);
       }
     }
     _tile_release();

@@ -37,14 +37,6 @@ class PackedBf16:
     data: jax.Array                                      # bf16[ceil(N / 32), round_up(K, 32) * 32]
     shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
 
-    @property
-    def dtype(self):
-        return jnp.dtype(jnp.bfloat16)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.size * 2
-
     def unpack(self) -> jax.Array:
         """The [K, N] bf16 weight back, bit for bit."""
         k, n = self.shape
@@ -114,11 +106,7 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None)
     if build.load() is None or not amx_granted():
         raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
                            "built, or Linux refused the tile state)")
-    return _gemm(x.astype(jnp.float32), w, threads or default_threads())
-
-
-def _gemm(x, w: PackedBf16, threads: int):
-    return _gemm_x(x, w.data, w.shape, threads)
+    return _gemm_x(x.astype(jnp.float32), w.data, w.shape, threads or default_threads())
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
