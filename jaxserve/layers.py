@@ -200,6 +200,21 @@ class _Dense(nn.Dense):
         return y
 
 
+def row_sum(x: jax.Array) -> jax.Array:
+    """x [..., N] -> [...]: the sum over the last axis, added pairwise by halving it (an odd element carried),
+    so every row is summed in one order whatever the other axes hold.
+
+    XLA:CPU picks a reduction's loop order by shape (fewer than 8 rows reduce in another order than 8 or
+    more), so with ``jnp.sum`` a token's norm could change a bit with the number of tokens beside it, and
+    a bf16 token then decode differently alone, in a batch, or inside a speculative verify pass.
+    Elementwise adds of slices leave XLA no order to choose."""
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        pairs = x[..., :half] + x[..., half:2 * half]
+        x = jnp.concatenate([pairs, x[..., 2 * half:]], axis=-1) if x.shape[-1] % 2 else pairs
+    return x[..., 0]
+
+
 class RMSNorm(nn.Module):
     eps: float = 1e-6
     dtype: jnp.dtype = jnp.float32
@@ -210,7 +225,7 @@ class RMSNorm(nn.Module):
         init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
         scale = self.param("scale", init, (x.shape[-1],), self.dtype)
         xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        xf = xf * jax.lax.rsqrt(row_sum(xf * xf)[..., None] / x.shape[-1] + self.eps)
         if self.unit_offset:  # Gemma scales in float32, then casts (HF transformers PR 29402)
             return (xf * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
         # Normalise in float32 and cast back before scaling, as HF Llama/Qwen do.

@@ -1,24 +1,49 @@
-"""Run by test_smollm2.py in a subprocess with the users' XLA flags: two bf16 SmolLM2 chats decoded together, then
-each alone; prints where the tokens or log-probs first differ, or "same bits alone and in a batch"."""
-from jaxserve import LLM, SamplingParams
+"""Run by test_smollm2.py in a subprocess with the users' XLA flags, on bf16 SmolLM2 chats.
+
+``alone``: two chats decoded together, then each alone. ``suffix``: four chats by the plain engine and by
+greedy suffix speculation (verify passes of up to 9 rows per chat). Prints where the tokens or log-probs
+first differ, or "same bits"."""
+import sys
+
+from jaxserve import LLM, SamplingParams, SpeculativeConfig
 
 CHATS = [[{"role": "user", "content": "Rewrite this code with snake_case names: def getValue(x): return "
                                       "x.itemValue + x.otherValue"}],
-         [{"role": "user", "content": "Write a haiku about the sea."}]]
+         [{"role": "user", "content": "Write a haiku about the sea."}],
+         [{"role": "user", "content": "Summarize, quoting the key sentence: The cat sat on the mat. The mat was "
+                                      "red. The cat liked the red mat."}],
+         [{"role": "user", "content": "What is 17 times 23?"}]]
+PARAMS = SamplingParams(max_tokens=60, temperature=0.0, logprobs=True)
 
 
-def main():
+def first_difference(a, b) -> str | None:
+    diff = [j for j, (x, y) in enumerate(zip(a.logprobs, b.logprobs)) if x != y]
+    if a.token_ids != b.token_ids or diff:
+        return f"tokens equal {a.token_ids == b.token_ids}, log-probs differ from {diff[:1]}"
+    return None
+
+
+def alone_and_together():
     llm = LLM("smollm2-135m-instruct", dtype="bfloat16")
-    params = SamplingParams(max_tokens=60, temperature=0.0, logprobs=True)
-    together = [o.outputs[0] for o in llm.chat(CHATS, params, use_tqdm=False)]
-    for i, (chat, both) in enumerate(zip(CHATS, together)):
-        alone = llm.chat([chat], params, use_tqdm=False)[0].outputs[0]
-        diff = [j for j, (a, b) in enumerate(zip(alone.logprobs, both.logprobs)) if a != b]
-        if alone.token_ids != both.token_ids or diff:
-            print(f"chat {i}: tokens equal {alone.token_ids == both.token_ids}, log-probs differ from {diff[:1]}")
+    together = [o.outputs[0] for o in llm.chat(CHATS[:2], PARAMS, use_tqdm=False)]
+    return [(llm.chat([chat], PARAMS, use_tqdm=False)[0].outputs[0], both) for chat, both in zip(CHATS, together)]
+
+
+def plain_and_suffix():
+    def run(**kw):
+        return [o.outputs[0] for o in LLM("smollm2-135m-instruct", dtype="bfloat16", **kw).chat(
+            CHATS, PARAMS, use_tqdm=False)]
+    return list(zip(run(), run(speculative=SpeculativeConfig(method="suffix", num_speculative_tokens=8))))
+
+
+def main(mode: str):
+    pairs = alone_and_together() if mode == "alone" else plain_and_suffix()
+    for i, (a, b) in enumerate(pairs):
+        if (where := first_difference(a, b)) is not None:
+            print(f"chat {i}: {where}")
             raise SystemExit(1)
-    print("same bits alone and in a batch")
+    print("same bits")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])
