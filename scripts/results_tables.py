@@ -380,7 +380,11 @@ SUFFIX_LONG = {**{dtype: f"{SPEC}/smollm2_chat_repetitive_suffix_160_{dtype}/res
                "bfloat16, idle Intel Xeon, attention page groups + RoPE tables":
                    f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_groups/results.json",
                "bfloat16, idle Intel Xeon, Dense kernels packed for AMX tiles":
-                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_packed/results.json"}
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_packed/results.json",
+               "bfloat16, idle Intel Xeon, row-invariant RMSNorm":
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_exact/results.json",
+               "bfloat16, idle Intel Xeon, row-invariant RMSNorm, spec factor 4":
+                   f"{SPEC}/smollm2_chat_repetitive_suffix_160_bfloat16_sf4/results.json"}
 
 
 def spec_suffix_gammas(runs=SUFFIX_GAMMAS):
@@ -922,25 +926,22 @@ CLAIMS = (
           functools.partial(spec_suffix_gammas, SUFFIX_LONG),
           "As the table above, but each answer runs to its EOS (up to 160 tokens: a code edit returns the whole "
           "snippet) instead of stopping at 48, and suffix rounds verify γ or one of its halves (γ 16: 1, 2, 4, 8, "
-          "16 slots; was its quarters). Longer answers repeat more of their input and of themselves, so the drafts "
-          "reach further (length 2.7–3.1 against 1.8–2.5). The 2-core AVX-512 VM ran a helper's kernel "
-          "micro-benchmarks on the other core throughout (load average 1.5–2.7): baselines moved 16–32 tok/s "
-          "between rows, single speedups ±20%. bfloat16 suffix γ 8: **2.25×** end to end, 2.53× in the decode "
-          "phase, output identical to the plain engine; float32 1.73–1.74×. The last three rows: the idle VM after "
-          "the bf16 kernel change (27ec969: both sides faster), `suffix_spec_factor` 1 / 2 / 4 (drafts reach up to "
-          "that many times the matched length): 2.16× / 2.11× / 2.29× end to end, 2.52× / 2.43× / 2.79× in the "
-          "decode phase. The goal (suffix ≥ 2.5× end to end) is not met. In bfloat16, γ 16 and spec factors 2 and 4 "
-          "changed a near-tie (output not identical, as in the table above; float32 stays identical). The last two rows: "
-          "spec factor 1 again on a 2-core AMX Intel Xeon VM (load average 1.3–2.4) at 9432479, with the C++ paged "
-          "attention kernel (2.5× a verify layer): **1.93×** end to end, 2.03× in the decode phase, the same drafts "
-          "(length 3.07) but a round costing ~1.5 plain steps (3.07 / 2.03) against ~1.2 on the AMD VM: its 9-row bf16 "
-          "matmuls are compute-bound on vdpbf16ps (2.2–2.4× a 1-row one). Then the same VM idle (load average 1.5–1.9) "
-          "with bf16 GEMMs on AMX tiles (a158648; the tree dirty in scripts and docs only): the 9-row tied head 5.1 → "
-          "2.3 ms, **2.13×** end to end, 2.25× decode phase, a round ~1.38 plain steps, output identical to the plain "
-          "engine. After the attention kernel's page groups and RoPE's tables (467c94c): 1.89× / 1.97×, the answers "
-          "changed at a bf16 near-tie (length 2.64). Last row: the Dense kernels packed once for AMX tiles (36af0d6, "
-          "run at 35656c7; load average 1.1–1.5): **2.27×** end to end, 2.44× decode phase, a round ~1.21 plain steps "
-          "(length 2.96 / 2.44), output not identical to the plain engine's (see the weight-layout table)."),
+          "16 slots). Longer answers repeat more of their input and of themselves, so the drafts reach further "
+          "(length 2.6–4.1 against 1.8–2.5). **Current (last two rows, af65397, idle 2-core AMX Intel Xeon, load "
+          "average 1.3–2.2):** bfloat16 with the Dense kernels packed for AMX tiles and RMSNorm summed in one order "
+          "for any row count (a 9-row verify pass now computes each row's bits as a 1-row step does): spec factor 1, "
+          "γ 8: **2.39×** end to end, 2.56× decode phase; `suffix_spec_factor=4` (drafts reach up to 4× the matched "
+          "length; vLLM's default, kept here, is 1): γ 8 **2.54×** / 2.74×, γ 16 **2.57×** / 2.79× (a first run of "
+          "the same command: 2.50× / 2.62×). Every one of these rows' outputs is the plain engine's, token for token. "
+          "The goal (suffix ≥ 2.5× end to end) is met with spec factor 4. Earlier rows, oldest first: the AVX-512 VM "
+          "with a helper's benchmarks on the other core (load 1.5–2.7: baselines moved 16–32 tok/s between rows, "
+          "speedups ±20%): bfloat16 suffix γ 8 2.25×, float32 1.73–1.74×; the idle AVX-512 VM after 27ec969, spec "
+          "factor 1 / 2 / 4: 2.16× / 2.11× / 2.29×; the AMX Intel Xeon with the C++ attention kernel (9432479) 1.93× "
+          "(its 9-row bf16 matmuls compute-bound on vdpbf16ps: a round ~1.5 plain steps); with bf16 GEMMs on AMX "
+          "tiles (a158648) 2.13×; after the attention page groups and RoPE tables (467c94c) 1.89×; Dense kernels "
+          "packed for AMX tiles (36af0d6) 2.27× (a round ~1.21 plain steps). Rows marked **no** under \"= plain "
+          "engine\" ran before af65397: a verify pass's RMSNorm reduced its rows in another order than a 1-row step's "
+          "(XLA:CPU picks a reduction's loop order by shape), and a bf16 near-tie then changed the answer."),
     Claim("Float32 CPU kernels (`f32_matmul`): few-row matmuls and SmolLM2-135M-Instruct's 5-token verify "
           "(float32, 2 threads)", F32_MATMUL + (F32_E2E,), cpu_f32_kernels,
           "Matmuls in µs: `benchmarks/cpu_matmul.py` (distinct weights per call, past the L3), medians of 3 runs; "
