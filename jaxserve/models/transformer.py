@@ -69,8 +69,10 @@ class Attention(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, x, positions, kv: KVLayer | None = None, meta: AttentionMetadata | None = None,
-                 rope_cos_sin: tuple[jax.Array, jax.Array] | None = None):
+    def __call__(self, x, positions, rope_cos_sin: tuple[jax.Array, jax.Array], kv: KVLayer | None = None,
+                 meta: AttentionMetadata | None = None):
+        """``rope_cos_sin``: RoPE's tables for ``positions`` at this layer's frequencies (``rope_tables``), which the
+        model computes once per forward for all its layers."""
         c = self.config
         lead = x.shape[:-1]
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -83,8 +85,6 @@ class Attention(nn.Module):
         k, v = (t.reshape(*lead, c.num_kv_heads, c.head_dim) for t in (k, v))
         if c.qk_norm:
             q, k = _norm(c, "q_norm")(q), _norm(c, "k_norm")(k)
-        if rope_cos_sin is None:  # (the model hands every layer its tables, computed once)
-            rope_cos_sin = rope_tables(positions, layer_inv_freq(c, self.layer_idx))
         q, k = (rope(t, positions, c.rope_theta, tables=rope_cos_sin) for t in (q, k))
         opts = dict(sliding_window=c.layer_window(self.layer_idx),
                     sm_scale=None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5)
@@ -103,10 +103,10 @@ class DecoderLayer(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, x, positions, kv=None, meta=None, rope_cos_sin=None):
+    def __call__(self, x, positions, rope_cos_sin, kv=None, meta=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
         h, kv = Attention(c, self.attention_impl, self.layer_idx, self.layout, name="attn")(
-            _norm(c, "input_norm")(x), positions, kv, meta, rope_cos_sin)
+            _norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta)
         if c.sandwich_norms:  # Gemma 2/3: the attention and MLP outputs are normed before the residual adds
             x = x + _norm(c, "post_attention_norm")(h)
             return x + _norm(c, "post_feedforward_norm")(self._mlp(c, dt)(_norm(c, "pre_feedforward_norm")(x))), kv
@@ -143,7 +143,7 @@ class Transformer(nn.Module):
             if _local_rope(c, i) not in cos_sin:
                 cos_sin[_local_rope(c, i)] = rope_tables(positions, layer_inv_freq(c, i))
             x, kv = DecoderLayer(c, self.attention_impl, i, self.layout, name=f"layers_{i}")(
-                x, positions, None if kv_pool is None else kv_pool.layers[i], meta, cos_sin[_local_rope(c, i)])
+                x, positions, cos_sin[_local_rope(c, i)], None if kv_pool is None else kv_pool.layers[i], meta)
             new_pool.append(kv)
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
