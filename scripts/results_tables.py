@@ -935,7 +935,7 @@ CLAIMS = (
           "As the table above, but each answer runs to its EOS (up to 160 tokens: a code edit returns the whole "
           "snippet) instead of stopping at 48, and suffix rounds verify γ or one of its halves (γ 16: 1, 2, 4, 8, "
           "16 slots). Longer answers repeat more of their input and of themselves, so the drafts reach further "
-          "(length 2.6–4.1 against 1.8–2.5). **Current (last two rows, af65397, idle 2-core AMX Intel Xeon, load "
+          "(length 2.6–4.1 against 1.8–2.5). **Current (last three rows, af65397, idle 2-core AMX Intel Xeon, load "
           "average 1.3–2.2):** bfloat16 with the Dense kernels packed for AMX tiles and RMSNorm summed in one order "
           "for any row count (a 9-row verify pass now computes each row's bits as a 1-row step does): spec factor 1, "
           "γ 8: **2.39×** end to end, 2.56× decode phase; `suffix_spec_factor=4` (drafts reach up to 4× the matched "
@@ -948,8 +948,9 @@ CLAIMS = (
           "(its 9-row bf16 matmuls compute-bound on vdpbf16ps: a round ~1.5 plain steps); with bf16 GEMMs on AMX "
           "tiles (a158648) 2.13×; after the attention page groups and RoPE tables (467c94c) 1.89×; Dense kernels "
           "packed for AMX tiles (36af0d6) 2.27× (a round ~1.21 plain steps). Rows marked **no** under \"= plain "
-          "engine\" ran before af65397: a verify pass's RMSNorm reduced its rows in another order than a 1-row step's "
-          "(XLA:CPU picks a reduction's loop order by shape), and a bf16 near-tie then changed the answer."),
+          "engine\" ran before af65397: a bf16 near-tie changed the answer because a verify pass rounded some row "
+          "differently from a 1-row step: its RMSNorm reduced the rows in another order (XLA:CPU picks a reduction's "
+          "loop order by shape), and before the packed AMX GEMMs (36af0d6) its matmuls did too."),
     Claim("Float32 CPU kernels (`f32_matmul`): few-row matmuls and SmolLM2-135M-Instruct's 5-token verify "
           "(float32, 2 threads)", F32_MATMUL + (F32_E2E,), cpu_f32_kernels,
           "Matmuls in µs: `benchmarks/cpu_matmul.py` (distinct weights per call, past the L3), medians of 3 runs; "
