@@ -60,8 +60,9 @@ def packs_for_amx(config: ModelConfig) -> bool:
     on one CPU device with AMX (``amx_usable``; ``JAXSERVE_CPU_AMX=0`` turns it off). Every row count then runs the
     same tile GEMM, with no packing per call (SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x), and
     q/k/v and gate/up run as one GEMM each (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the
-    same bits in any batch (a lone request decodes as it does in a batch; bf16 speculation does not yet reproduce the
-    plain engine bit for bit: benchmarks/RESULTS.md, the weight-layout table)."""
+    same bits in any batch and at any row count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a
+    bf16 request decodes alone as in a batch, and greedy speculation gives the plain engine's bits
+    (tests/engine/test_smollm2.py)."""
     return jnp.dtype(config.matmul_dtype or config.dtype) == jnp.bfloat16 and amx_usable()  # (loads the kernels)
 
 

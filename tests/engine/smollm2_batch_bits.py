@@ -26,7 +26,7 @@ def first_difference(a, b) -> str | None:
 def alone_and_together():
     llm = LLM("smollm2-135m-instruct", dtype="bfloat16")
     together = [o.outputs[0] for o in llm.chat(CHATS[:2], PARAMS, use_tqdm=False)]
-    return [(llm.chat([chat], PARAMS, use_tqdm=False)[0].outputs[0], both) for chat, both in zip(CHATS, together)]
+    return [(llm.chat([chat], PARAMS, use_tqdm=False)[0].outputs[0], both) for chat, both in zip(CHATS[:2], together)]
 
 
 def plain_and_suffix():
