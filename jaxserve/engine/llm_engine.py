@@ -287,4 +287,6 @@ class LLMEngine:
             stats.update(self.spec_stats.as_dict())
         if self.spec_policy is not None:  # steps whose decodes got lookahead slots, and steps that ran them plain
             stats.update({f"spec_{k}": v for k, v in self.spec_policy.counts.items()})
+            if self.runner.draft_pool is not None:  # positions the draft ran over alone, after plain steps
+                stats["spec_draft_catch_up_tokens"] = self.runner.draft_catch_up_tokens
         return stats

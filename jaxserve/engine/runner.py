@@ -55,6 +55,14 @@ WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[
                                   slot_mapping=[-1], sample=False, num_samples=0, sampling_params=None)
 
 
+def _piece(e: ScheduledSequence, start: int, n: int, block_size: int) -> ScheduledSequence:
+    """Tokens [start, start + n) of ``e``'s sequence as an entry of their own (no sample): a draft catch-up piece."""
+    table = e.block_table
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
+    return ScheduledSequence(e.seq_id, e.request_id, e.index, e.seq.token_slice(start, start + n), start, table,
+                             slots, False, 0, e.sampling_params, seq=e.seq)
+
+
 def packs_for_amx(config: ModelConfig) -> bool:
     """Whether a runner packs the model's Dense kernels for AMX tiles (``jaxserve.kernels.cpu.packed``): bf16 matmuls
     on one CPU device with AMX (``amx_usable``; ``JAXSERVE_CPU_AMX=0`` turns it off). Every row count then runs the
@@ -94,7 +102,8 @@ class ModelRunner:
         self.speculative = speculative
         self.gamma = speculative.gamma if speculative else 0
         # a step the speculation policy ran plain: its decodes run the fill program in decode shapes (B, not
-        # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs plus the proposer's pass
+        # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs (a draft model's pass
+        # is skipped there and caught up before the sequence's next round: ``_catch_up_draft``)
         self.plain_decodes = speculative is not None and (speculative.adaptive
                                                           or speculative.disable_by_batch_size is not None)
         self.buckets = BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -121,13 +130,22 @@ class ModelRunner:
             speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
             speculative.suffix_min_token_prob)
         self._suffix_seqs: dict[int, object] = {}
+        # draft model: seq_id -> (its Sequence, n): the draft's pool holds the sequence's K/V at positions [0, n)
+        self._draft_len: dict[int, tuple[object, int]] = {}
+        self.draft_catch_up_tokens = 0  # positions the draft ran over alone, after plain steps skipped them
         self.num_compilations = 0
 
     @property
     def num_buckets(self) -> int:
         """Upper bound on distinct step programs (plus the copy program)."""
         return self.buckets.num_programs(self.speculative is not None) + \
-            (len(self.buckets.decode_shapes()) if self.plain_decodes else 0)
+            (len(self.buckets.decode_shapes()) if self.plain_decodes else 0) + \
+            (len(self.buckets.mixed_shapes()) if self._catches_up else 0)
+
+    @property
+    def _catches_up(self) -> bool:
+        """Whether plain decode steps skip the draft model, so rounds may first catch it up."""
+        return self.plain_decodes and self.draft_pool is not None
 
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
@@ -147,6 +165,7 @@ class ModelRunner:
         if rounds:
             result.merge(self._round(rounds))
         self._hidden = {k: (seq, h) for k, (seq, h) in self._hidden.items() if not seq.is_finished}
+        self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
         return result
 
     def warmup(self) -> int:
@@ -165,6 +184,8 @@ class ModelRunner:
         else:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
                 self._run_fill(pack([WARMUP_READER], *shape), [])
+            for shape in self.buckets.mixed_shapes() if self._catches_up else []:
+                self._run_catch_up(pack([WARMUP_READER], *shape))
             for b, m in self.buckets.round_shapes():
                 inputs, extra = self._round_inputs([], b, m)
                 for width in self.buckets.round_widths if self._suffix is not None else [None]:
@@ -216,6 +237,8 @@ class ModelRunner:
         rows = sample_rows(entries)
         toks, lps, hidden = self._run_fill(pack(entries, *shape), rows)
         result = collect_samples(entries, len(rows), toks, lps)
+        if self.draft_pool is not None:
+            self._note_draft_fill(entries, draft_pass=not shape[3])
         if self.proposer.method == "medusa":
             for k, row in enumerate(rows):
                 e = entries[row.entry]
@@ -227,17 +250,65 @@ class ModelRunner:
         sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
-            step.positions, self._metadata(step), step.last, sample_entry, sbatch, **self._speculative_static())
+            step.positions, self._metadata(step), step.last, sample_entry, sbatch, **self._speculative_static(),
+            draft_pass=not step.decode_only)
         return tuple(x[: len(rows)] for x in jax.device_get((toks, lps, hidden)))
+
+    # ---- the draft model's pool: which positions it holds, and catching it up -----------------
+
+    def _note_draft_fill(self, entries: list[ScheduledSequence], draft_pass: bool) -> None:
+        """After a fill: each entry's target K/V at [start_pos, context) is new (after a preemption, on other
+        blocks), so the draft holds at most [0, start_pos), and also the entry's tokens when the draft ran."""
+        for e in entries:
+            # a sequence first seen here trusts its prefix-cached blocks, which hold the draft's K/V too
+            n = min(self._draft_len.get(e.seq_id, (None, e.start_pos))[1], e.start_pos)
+            self._draft_len[e.seq_id] = (e.seq, e.context_len if draft_pass and n == e.start_pos else n)
+
+    def _catch_up_draft(self, entries: list[ScheduledSequence]) -> None:
+        """Before a round: the draft alone over each row's positions it does not hold, up to L-1 (L = start_pos,
+        the last token's position; ``spec_round`` runs the draft from L-1), in packed steps of the mixed
+        shapes, each within the token budget, ``max_num_seqs`` and ``max_num_partial_prefills``, at most one
+        piece of a sequence per step (a piece attends to the ones before it)."""
+        todo = []
+        for e in entries:
+            # unseen: a fork of a prefilled request, whose shared blocks hold the draft's K/V of the prompt
+            have = self._draft_len.get(e.seq_id, (None, e.start_pos - 1))[1]
+            if have < e.start_pos - 1:
+                todo.append([e, have])
+        max_tokens = self.buckets.token_buckets[-1]
+        max_entries = min(self.max_num_seqs, self.max_chunks or self.max_num_seqs)
+        while todo:
+            pieces, budget = [], max_tokens
+            for item in todo[:max_entries]:
+                (e, have), n = item, min(item[0].start_pos - 1 - item[1], budget)
+                if n == 0:
+                    break
+                pieces.append(_piece(e, have, n, self.block_size))
+                item[1], budget = have + n, budget - n
+            num_tokens = max_tokens - budget
+            self._run_catch_up(pack(pieces, *self.buckets.step(pieces, num_tokens, allow_decode=False)))
+            self.draft_catch_up_tokens += num_tokens
+            todo = [item for item in todo if item[1] < item[0].start_pos - 1]
+        for e in entries:
+            self._draft_len[e.seq_id] = (e.seq, e.start_pos - 1)
+
+    def _run_catch_up(self, step: PackedStep) -> None:
+        self.draft_pool = self._counted(programs.draft_catch_up, self.proposer.params, self.draft_pool, step.tokens,
+                                        step.positions, self._metadata(step), proposer_config=self.proposer.config,
+                                        attention_impl=self.attention_impl, layout=self.layout)
 
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 
     def _round(self, entries: list[ScheduledSequence]) -> RunnerOutput:
+        if self.draft_pool is not None:
+            self._catch_up_draft(entries)
         inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
         toks, num_accepted, lps, hidden = self._run_round(inputs, extra)
         result = RunnerOutput(target_rows=len(entries))
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
+            if self.draft_pool is not None:  # the next round's L is start_pos + n + 1 (spec_round's invariant)
+                self._draft_len[e.seq_id] = (e.seq, e.start_pos + n)
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
             result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()
             result.accepted[e.seq_id] = n

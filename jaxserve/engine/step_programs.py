@@ -1,4 +1,5 @@
-"""The runner's jitted step programs: plain step, speculative fill, speculative round, block copy.
+"""The runner's jitted step programs: plain step, speculative fill, speculative round, the draft's catch-up,
+block copy.
 
 Axis names: T packed tokens, B sequences, R sample rows, G draft tokens (γ), V vocabulary, E hidden size.
 
@@ -61,14 +62,16 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
 SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant", "layout")
 
 
-@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC, donate_argnames=("target_pool", "draft_pool"))
+@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("draft_pass",),
+                   donate_argnames=("target_pool", "draft_pool"))
 def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, tokens, positions,
               meta, last, sample_entry, sbatch, *, target_config, proposer_config, method: str,
-              attention_impl: str, quant=None, layout=None):
-    """Target pass (+ its hidden for Medusa) and draft pass over the same packed tokens, so the draft's
-    pool covers what the target's does; samples rows and returns their tokens' log-probabilities under
-    the raw logits. Float proposer weights are untouched by ``quant``. ``layout``: the target's mesh, as
-    in ``plain_step``; the proposer runs replicated on it."""
+              attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
+    """Target pass (+ its hidden for Medusa) and, with ``draft_pass``, the draft's pass over the same packed
+    tokens, so the draft's pool covers what the target's does (a plain decode step skips it: ``draft_catch_up``
+    runs the draft over what it skipped before the sequence's next round); samples rows and returns their
+    tokens' log-probabilities under the raw logits. Float proposer weights are untouched by ``quant``.
+    ``layout``: the target's mesh, as in ``plain_step``; the proposer runs replicated on it."""
     TRACES[0] += 1
     with matmul_context(quant):
         if method == "medusa":
@@ -79,7 +82,7 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
             logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
                                           attention_impl=attention_impl, logits_indices=last, layout=layout)
             hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
-        if method == "draft_model":
+        if method == "draft_model" and draft_pass:
             _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
                                     attention_impl=attention_impl, logits_indices=last)
         logits = logits[sample_entry]
@@ -114,6 +117,18 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
                              heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl, layout=layout)
         hidden = r.hidden if r.hidden is not None else jnp.zeros((), jnp.float32)
         return _on_mesh(layout, (r.tokens, r.num_accepted, r.logprobs, hidden), r.target_pool, draft_pool)
+
+
+@functools.partial(jax.jit, static_argnames=("proposer_config", "attention_impl", "layout"),
+                   donate_argnames=("draft_pool",))
+def draft_catch_up(proposer_params, draft_pool: KVPool, tokens, positions, meta, *, proposer_config,
+                   attention_impl: str, layout=None) -> KVPool:
+    """The draft model alone over packed tokens (the positions plain decode steps did not run it over): its pool.
+    Its logits are never read (XLA drops the head; one row is asked for in case it did not)."""
+    TRACES[0] += 1
+    _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
+                            attention_impl=attention_impl, logits_indices=jnp.zeros(1, jnp.int32))
+    return draft_pool if layout is None else layout.replicate(draft_pool)
 
 
 def _on_mesh(layout, results: tuple, target_pool: KVPool, draft_pool: KVPool | None) -> tuple:

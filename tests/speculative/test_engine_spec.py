@@ -61,7 +61,7 @@ _full = jax.jit(lambda params, tokens: forward_full(params, CONFIG, tokens))
 
 def greedy_oracle(params, prompts, steps=MAX_TOKENS):
     """Greedy continuations by repeated uncached forward passes (no KV cache, no engine)."""
-    width = 48  # one shape for every call
+    width = max(48, max(map(len, prompts)) + steps)  # one shape for every call that fits 48
     seqs = [list(p) for p in prompts]
     for _ in range(steps):
         batch = np.array([s + [0] * (width - len(s)) for s in seqs], np.int32)
@@ -146,6 +146,25 @@ def test_greedy_stays_exact_when_speculation_switches_off_and_on_mid_run(models,
     s = llm.stats()
     assert s["spec_plain_steps"] > 0 and s["spec_speculative_steps"] > 0 and s["spec_rounds"] > 0, s
     assert s["spec_generated"] == sum(max_tokens) and s["compilations"] <= s["buckets"]
+
+
+def test_plain_steps_skip_the_draft_and_rounds_catch_it_up(models, prompts):
+    """disable_by_batch_size=3 with the target as its own draft: ~36 steps run plain (3-4 sequences), skipping
+    the draft's pass, then two sequences speculate. Their first round first runs the draft alone over the ~36
+    positions it skipped (more than the 32-token budget: several packed steps). Every draft is then accepted,
+    which a draft pool missing or misplacing any position's K/V would not give; the output is the oracle's."""
+    max_tokens = [40, 44, 12, 36]
+    expected = [row[:m] for row, m in zip(greedy_oracle(models["target"], prompts, max(max_tokens)), max_tokens)]
+    spec = SpeculativeConfig(num_speculative_tokens=GAMMA, disable_by_batch_size=3)
+    llm = LLM.from_params(CONFIG, models["target"], speculative=spec, draft=(CONFIG, models["target"]), **ENGINE)
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in max_tokens],
+                        use_tqdm=False)
+    assert tokens(outs) == expected
+    s = llm.stats()
+    assert s["spec_plain_steps"] >= 30 and s["spec_rounds"] > 0, s
+    assert s["spec_draft_catch_up_tokens"] > ENGINE["max_num_batched_tokens"], s
+    assert s["spec_acceptance_rate"] == 1.0 and s["spec_per_position_acceptance"] == [1.0] * GAMMA, s
+    assert s["compilations"] <= s["buckets"]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
