@@ -149,9 +149,9 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
-        search): also each sampling sequence's most likely next tokens. ``logprobs=False`` (plain steps; a
-        speculative runner always has them from its verify): the drawn tokens' log-probs are neither computed nor
-        returned (``RunnerOutput.logprobs`` stays empty)."""
+        search): also each sampling sequence's most likely next tokens. ``logprobs=False``: the drawn tokens'
+        log-probs are neither computed nor returned (``RunnerOutput.logprobs`` stays empty), except a speculative
+        round's, which its verify has anyway."""
         self._copy_blocks(out.copies)
         if self.speculative is None:
             return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs, logprobs or top_logprobs)
@@ -161,7 +161,7 @@ class ModelRunner:
             self._retire_suffix(out.scheduled)
         fill = [e for e in out.scheduled if not e.num_lookahead]
         rounds = [e for e in out.scheduled if e.num_lookahead]
-        result = self._fill(fill) if fill else RunnerOutput()
+        result = self._fill(fill, logprobs) if fill else RunnerOutput()
         if rounds:
             result.merge(self._round(rounds))
         self._hidden = {k: (seq, h) for k, (seq, h) in self._hidden.items() if not seq.is_finished}
@@ -183,7 +183,7 @@ class ModelRunner:
                 self._run_plain(pack([WARMUP_READER], *shape), [], False, False)
         else:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
-                self._run_fill(pack([WARMUP_READER], *shape), [])
+                self._run_fill(pack([WARMUP_READER], *shape), [], False)
             for shape in self.buckets.mixed_shapes() if self._catches_up else []:
                 self._run_catch_up(pack([WARMUP_READER], *shape))
             for b, m in self.buckets.round_shapes():
@@ -232,11 +232,13 @@ class ModelRunner:
 
     # ---- speculative fill: prefill chunks and plain decodes, target and draft together ---------
 
-    def _fill(self, entries: list[ScheduledSequence]) -> RunnerOutput:
+    def _fill(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
         shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=self.plain_decodes)
         rows = sample_rows(entries)
-        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows)
+        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows, logprobs)
         result = collect_samples(entries, len(rows), toks, lps)
+        if not logprobs:
+            result.logprobs.clear()
         if self.draft_pool is not None:
             self._note_draft_fill(entries, draft_pass=not shape[3])
         if self.proposer.method == "medusa":
@@ -246,11 +248,12 @@ class ModelRunner:
                     self._hidden[e.seq_id] = (e.seq, hidden[k])
         return result
 
-    def _run_fill(self, step: PackedStep, rows) -> tuple[np.ndarray, ...]:
+    def _run_fill(self, step: PackedStep, rows, logprobs: bool) -> tuple[np.ndarray, ...]:
         sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
-            step.positions, self._metadata(step), step.last, sample_entry, sbatch, **self._speculative_static(),
+            step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs),
+            **self._speculative_static(),
             draft_pass=not step.decode_only)
         return tuple(x[: len(rows)] for x in jax.device_get((toks, lps, hidden)))
 

@@ -381,9 +381,10 @@ class Scheduler:
         return 1 if seq.request.forked or seq.index else seq.request.n
 
     def _lookahead(self, seq: Sequence, n: int, budget: int) -> int:
-        """Speculative slots for a decode (a sequence with outputs, one token left) if the budget allows."""
+        """Speculative slots for a decode (a sequence with outputs, one token left) if the budget allows, and
+        if it may emit more than one token (at its last a round's drafts would all be cut: a plain decode)."""
         k = self.num_lookahead_slots if self._speculate else 0
-        decode = n == 1 and self._is_decode(seq)
+        decode = n == 1 and self._is_decode(seq) and self._final_len(seq.request) - seq.num_tokens > 1
         return k if k and decode and budget >= n + k else 0
 
     @staticmethod

@@ -65,12 +65,13 @@ SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_i
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("draft_pass",),
                    donate_argnames=("target_pool", "draft_pool"))
 def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, tokens, positions,
-              meta, last, sample_entry, sbatch, *, target_config, proposer_config, method: str,
+              meta, last, sample_entry, sbatch, want_logprobs, *, target_config, proposer_config, method: str,
               attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
     """Target pass (+ its hidden for Medusa) and, with ``draft_pass``, the draft's pass over the same packed
     tokens, so the draft's pool covers what the target's does (a plain decode step skips it: ``draft_catch_up``
     runs the draft over what it skipped before the sequence's next round); samples rows and returns their
-    tokens' log-probabilities under the raw logits. Float proposer weights are untouched by ``quant``.
+    tokens' log-probabilities under the raw logits (NaN unless ``want_logprobs``, a traced bool, as in
+    ``plain_step``). Float proposer weights are untouched by ``quant``.
     ``layout``: the target's mesh, as in ``plain_step``; the proposer runs replicated on it."""
     TRACES[0] += 1
     with matmul_context(quant):
@@ -87,7 +88,9 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
                                     attention_impl=attention_impl, logits_indices=last)
         logits = logits[sample_entry]
         toks = sample_tokens(logits, sbatch)
-        return _on_mesh(layout, (toks, token_logprobs(logits, toks), hidden[sample_entry]), target_pool, draft_pool)
+        logprobs = jax.lax.cond(want_logprobs, lambda: token_logprobs(logits, toks),
+                                lambda: jnp.full(toks.shape, jnp.nan, jnp.float32))
+        return _on_mesh(layout, (toks, logprobs, hidden[sample_entry]), target_pool, draft_pool)
 
 
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
