@@ -59,6 +59,18 @@ def test_round_stops_at_a_stop_token_or_max_tokens_mid_round():
     assert seq.output_token_ids == [11, 12, 13] and seq.finish_reason == "length"
 
 
+@pytest.mark.parametrize("max_tokens, model_len", [(2, 64), (20, 7)], ids=["max_tokens", "max_model_len"])
+def test_a_decode_with_one_token_left_gets_no_lookahead(max_tokens, model_len):
+    """Its round would emit one token whatever it drafted: a plain decode costs less."""
+    sched = Scheduler(BlockManager(16, 4), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=model_len,
+                      eos_token_id=0, num_lookahead_slots=GAMMA)
+    seq = prefilled(sched, params=Params(max_tokens=max_tokens))  # 5 prompt tokens + 11: one more may come
+    out = sched.schedule()
+    assert [e.num_lookahead for e in out.scheduled] == [0] and sched.bm.num_slots(seq.seq_id) == 6
+    sched.update(out, {seq.seq_id: 12})
+    assert seq.output_token_ids == [11, 12] and seq.is_finished
+
+
 def test_no_lookahead_when_the_budget_is_short_and_bad_round_sizes_raise():
     sched = scheduler(budget=GAMMA)  # 1 + γ tokens do not fit
     seq = prefilled(sched, prompt=(5, 6))
