@@ -75,6 +75,11 @@ def test_argmax_first_and_token_logprobs_match_jnp():
     x = jnp.asarray(rng.integers(0, 4, (64, 37)), jnp.float32)  # many exact ties
     x = x.at[3].set(-jnp.inf).at[5, 7].set(jnp.inf)
     np.testing.assert_array_equal(argmax_first(x), jnp.argmax(x, axis=-1))
+    # whole chunks and a ragged tail, ties across and inside chunks, a max only in the tail, 3-D rows
+    y = jnp.asarray(rng.integers(0, 6, (2, 9, 300)), jnp.float32)
+    y = y.at[0, 0, 299].set(7.0).at[0, 1, 131].set(7.0).at[0, 1, 259].set(7.0).at[1, 2].set(-jnp.inf)
+    for chunk in (1, 7, 128, 300, 512):
+        np.testing.assert_array_equal(argmax_first(y, chunk), jnp.argmax(y, axis=-1))
     logits = jnp.asarray(rng.normal(size=(8, 50)) * 5, jnp.float32)
     tokens = jnp.asarray(rng.integers(0, 50, 8), jnp.int32)
     want = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
@@ -93,3 +98,16 @@ def test_logprobs_skipped_when_not_wanted(temperature):
     assert np.isnan(np.asarray(skipped)).all()
     np.testing.assert_array_equal(lps, token_logprobs(logits, toks))
     np.testing.assert_array_equal(sample(logits, b)[1], lps)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sample_rows_draws_what_the_gathered_logits_draw(temperature):
+    """sample(logits, rows=r) (a greedy batch takes the argmaxes, then the rows) == sample(logits[r])."""
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.normal(size=(6, 300)) * 3, jnp.float32)
+    rows = jnp.asarray([4, 0, 0, 5, 2, 4, 1, 3], jnp.int32)  # forks repeat an entry; order is free
+    for want in (True, jnp.bool_(True), jnp.bool_(False)):
+        got = sample(logits, batch(8, temperature, seed=9), want, rows=rows)
+        expected = sample(logits[rows], batch(8, temperature, seed=9), want)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])

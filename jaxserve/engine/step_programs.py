@@ -47,14 +47,13 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
                                   router_state=router_state, layout=layout)
     if layout is not None:
         kv_pool, logits = layout.constrain_pool(kv_pool), layout.replicate(logits)
-    logits = logits[sample_entry]
-    toks, logprobs = sample(logits, sbatch, want_logprobs)
-    k = min(NUM_TOP_LOGPROBS, logits.shape[-1])
+    toks, logprobs = sample(logits, sbatch, want_logprobs, rows=sample_entry)
+    k, r = min(NUM_TOP_LOGPROBS, logits.shape[-1]), sample_entry.shape[0]
     # a runtime branch, not a static flag (which would double the programs): only beam search
     # asks, and at batch 64 x 4096 the top-k costs ~1 ms of a ~20 ms CPU decode step
     top_logprobs, top_ids = jax.lax.cond(
-        want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)),
-        lambda: (jnp.zeros((logits.shape[0], k), jnp.float32), jnp.zeros((logits.shape[0], k), jnp.int32)))
+        want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits[sample_entry], axis=-1), k)),
+        lambda: (jnp.zeros((r, k), jnp.float32), jnp.zeros((r, k), jnp.int32)))
     results = (toks, logprobs, top_logprobs, top_ids)
     return (results if layout is None else layout.replicate(results)), kv_pool
 
