@@ -150,8 +150,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
         search): also each sampling sequence's most likely next tokens. ``logprobs=False``: the drawn tokens'
-        log-probs are neither computed nor returned (``RunnerOutput.logprobs`` stays empty), except a speculative
-        round's, which its verify has anyway."""
+        log-probs are neither computed nor returned (``RunnerOutput.logprobs`` stays empty)."""
         self._copy_blocks(out.copies)
         if self.speculative is None:
             return self._plain(out.scheduled, out.num_batched_tokens, top_logprobs, logprobs or top_logprobs)
@@ -163,7 +162,7 @@ class ModelRunner:
         rounds = [e for e in out.scheduled if e.num_lookahead]
         result = self._fill(fill, logprobs) if fill else RunnerOutput()
         if rounds:
-            result.merge(self._round(rounds))
+            result.merge(self._round(rounds, logprobs))
         self._hidden = {k: (seq, h) for k, (seq, h) in self._hidden.items() if not seq.is_finished}
         self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
         return result
@@ -189,7 +188,7 @@ class ModelRunner:
             for b, m in self.buckets.round_shapes():
                 inputs, extra = self._round_inputs([], b, m)
                 for width in self.buckets.round_widths if self._suffix is not None else [None]:
-                    self._run_round(inputs, extra if width is None else (extra[0][:, :width], extra[1]))
+                    self._run_round(inputs, extra if width is None else (extra[0][:, :width], extra[1]), False)
         self._copy_blocks([(0, 0)])  # a self-copy: harmless
         return self.num_compilations - before
 
@@ -302,18 +301,19 @@ class ModelRunner:
 
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 
-    def _round(self, entries: list[ScheduledSequence]) -> RunnerOutput:
+    def _round(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
         if self.draft_pool is not None:
             self._catch_up_draft(entries)
         inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
-        toks, num_accepted, lps, hidden = self._run_round(inputs, extra)
+        toks, num_accepted, lps, hidden = self._run_round(inputs, extra, logprobs)
         result = RunnerOutput(target_rows=len(entries))
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
             if self.draft_pool is not None:  # the next round's L is start_pos + n + 1 (spec_round's invariant)
                 self._draft_len[e.seq_id] = (e.seq, e.start_pos + n)
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
-            result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()
+            if logprobs:
+                result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()
             result.accepted[e.seq_id] = n
             if self._suffix is not None:
                 result.drafted[e.seq_id] = int(extra[1][i])
@@ -321,10 +321,11 @@ class ModelRunner:
                 self._hidden[e.seq_id] = (e.seq, hidden[i])
         return result
 
-    def _run_round(self, inputs: RoundInputs, extra) -> tuple[np.ndarray, ...]:
+    def _run_round(self, inputs: RoundInputs, extra, logprobs: bool) -> tuple[np.ndarray, ...]:
         s = self.speculative
         toks, num_accepted, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.round_step, self.params, self.proposer.params, self.pool, self.draft_pool, inputs, extra,
+            np.bool_(logprobs),
             gamma=s.gamma, max_ngram=s.max_ngram, min_ngram=s.min_ngram, **self._speculative_static())
         return jax.device_get((toks, num_accepted, lps, hidden))
 

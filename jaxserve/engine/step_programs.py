@@ -25,7 +25,7 @@ from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.rejection import sample_tokens
-from jaxserve.speculative.round import RoundInputs, spec_round
+from jaxserve.speculative.round import RoundInputs, emitted_logprobs, spec_round
 from jaxserve.speculative.given_round import suffix_round
 
 TRACES = [0]  # incremented while tracing: one per compiled program
@@ -95,10 +95,11 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
                    donate_argnames=("target_pool", "draft_pool"))
 def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, inputs: RoundInputs,
-               extra, *, target_config, proposer_config, method: str, attention_impl: str, gamma: int,
+               extra, want_logprobs, *, target_config, proposer_config, method: str, attention_impl: str, gamma: int,
                max_ngram: int, min_ngram: int, quant=None, layout=None):
-    """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1], Medusa's
-    next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the n-gram history i32[B, H], the
+    """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1] (NaN unless
+    ``want_logprobs``, a traced bool), Medusa's next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the
+    n-gram history i32[B, H], the
     Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), or suffix decoding's
     host drafts i32[B, W] (W <= G: the round's width) and their lengths i32[B]."""
     TRACES[0] += 1
@@ -118,7 +119,10 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
             r = medusa_round(target_params, proposer_params, target_pool, inputs, extra, target_config=target_config,
                              heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl, layout=layout)
         hidden = r.hidden if r.hidden is not None else jnp.zeros((), jnp.float32)
-        return _on_mesh(layout, (r.tokens, r.num_accepted, r.logprobs, hidden), r.target_pool, draft_pool)
+        # (r.logprobs, computed whether asked or not, is left unread: XLA drops it)
+        logprobs = jax.lax.cond(want_logprobs, lambda: emitted_logprobs(r.target_logits, r.tokens),
+                                lambda: jnp.full(r.tokens.shape, jnp.nan, jnp.float32))
+        return _on_mesh(layout, (r.tokens, r.num_accepted, logprobs, hidden), r.target_pool, draft_pool)
 
 
 @functools.partial(jax.jit, static_argnames=("proposer_config", "attention_impl", "layout"),

@@ -57,6 +57,9 @@ class RoundOutputs:
     target_pool: KVPool
     draft_pool: KVPool | None  # the draft model's pool; None for proposers without one
     hidden: jax.Array | None = None  # Medusa: the next round's target hidden f32[B, E]; None otherwise
+    # f32[B, G+1, V]: the verify pass's raw logits, for ``emitted_logprobs`` under a caller's condition (the engine
+    # computes log-probs only when a request asks: a log-sum-exp over every verified position's vocabulary)
+    target_logits: jax.Array | None = None
 
 
 def slots_for(block_tables: jax.Array, positions: jax.Array, block_size: int, active: jax.Array) -> jax.Array:
@@ -212,8 +215,14 @@ def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, t
     nxt = inputs.replace(positions=jnp.where(act, inputs.positions + n + 1, inputs.positions),
                          prev_tokens=jnp.where(act, prev, inputs.prev_tokens),
                          last_tokens=jnp.where(act, tokens[rows, n], inputs.last_tokens))
+    return RoundOutputs(tokens=tokens, num_accepted=n, logprobs=emitted_logprobs(target_logits, tokens), next=nxt,
+                        target_pool=target_pool, draft_pool=draft_pool, target_logits=target_logits)
+
+
+def emitted_logprobs(target_logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Each emitted token's log-probability f32[B, G+1] under the verify's raw logits f32[B, G+1, V]; 0 past the
+    emitted slots (``PAD_TOKEN``)."""
     b, g1, vocab = target_logits.shape
     emitted = tokens != PAD_TOKEN
     lps = token_logprobs(target_logits.reshape(b * g1, vocab), jnp.where(emitted, tokens, 0).reshape(-1))
-    return RoundOutputs(tokens=tokens, num_accepted=n, logprobs=jnp.where(emitted, lps.reshape(b, g1), 0.0), next=nxt,
-                        target_pool=target_pool, draft_pool=draft_pool)
+    return jnp.where(emitted, lps.reshape(b, g1), 0.0)
