@@ -149,6 +149,14 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
     return embed.attend(x)
 
 
+def packed_logits(kernel, x: jax.Array) -> jax.Array:
+    """x [..., E] @ a tied embedding packed as the LM head (``kernels.cpu.packed.pack_tied_head``: [E, V]) -> f32
+    [..., V]: the sums ``tied_logits`` takes of a bf16 embedding, from one AMX GEMM at every row count."""
+    from jaxserve.kernels.cpu.packed import bf16_gemm_packed
+    y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel)
+    return y.reshape(*x.shape[:-1], kernel.shape[1])
+
+
 def dense(features: int, dtype, name: str, *, matmul_dtype=None, bias: bool = False,
           kernel_init=nn.initializers.lecun_normal()) -> nn.Dense:
     """An ``nn.Dense`` computing in ``dtype``, its dot in ``matmul_dtype`` (default: dtype) with float32 sums.

@@ -34,7 +34,7 @@ from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, Sa
 from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.kernels.cpu import amx_usable
-from jaxserve.kernels.cpu.packed import pack_dense_kernels
+from jaxserve.kernels.cpu.packed import pack_dense_kernels, pack_tied_head
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import attention_backend, new_kv_pool
 from jaxserve.models.loading import to_device
@@ -91,6 +91,8 @@ class ModelRunner:
         pack = layout is None and weight_layout == "auto"  # (EngineConfig.weight_layout)
         if pack and packs_for_amx(config):
             self.params = pack_dense_kernels(self.params)
+            if config.tie_word_embeddings:  # (not the draft's: its sampled rounds read its embedding as stored)
+                self.params = pack_tied_head(self.params)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         if layout is not None and router_state is not None:

@@ -29,7 +29,7 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import RMSNorm, SwiGLU, dense, rope, rope_inv_freq, rope_tables, tied_logits
+from jaxserve.layers import RMSNorm, SwiGLU, dense, packed_logits, rope, rope_inv_freq, rope_tables, tied_logits
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -133,8 +133,14 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, embedding_init=_INIT, name="embed")
-        x = embed(tokens)
+        # a runner on an AMX CPU holds a tied bf16 embedding packed as the LM head (kernels.cpu.packed.pack_tied_head)
+        packed = self.get_variable("params", "tied_head")["kernel"] if c.tie_word_embeddings and self.has_variable(
+            "params", "tied_head") else None
+        if packed is None:
+            embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, embedding_init=_INIT, name="embed")
+            x = embed(tokens)
+        else:
+            x = packed.columns(tokens).astype(dt)
         if c.scale_embeddings:  # Gemma: the scale rounded to the embedding dtype, as HF does
             x = x * jnp.asarray(np.float32(c.hidden_size ** 0.5), dt)
         new_pool = []
@@ -148,7 +154,10 @@ class Transformer(nn.Module):
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
-        logits = tied_logits(embed, x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
+        if packed is not None:  # rounded to the embedding's dtype, as tied_logits's product is
+            logits = packed_logits(packed, x).astype(dt)
+        else:
+            logits = tied_logits(embed, x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
         logits = logits.astype(jnp.float32)
         if c.final_logit_softcap is not None:
             logits = c.final_logit_softcap * jnp.tanh(logits / c.final_logit_softcap)

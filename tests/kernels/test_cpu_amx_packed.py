@@ -13,7 +13,7 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed, pack_bf16, pack_dense_kernels
+from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed, pack_bf16, pack_dense_kernels, pack_tied_head
 from jaxserve.layers import dense
 from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
@@ -40,6 +40,42 @@ def test_pack_layout_puts_each_weight_where_the_tiles_read_it(k, n):
         kk, nn = 32 * kb + 2 * p + parity, 32 * gi + 16 * t + j
         assert data[gi, i] == (wn[kk, nn] if kk < k and nn < n else 0.0)
     np.testing.assert_array_equal(np.asarray(packed.unpack(), np.float32), wn)
+
+
+@pytest.mark.parametrize("k, n", [(576, 100), (33, 70), (64, 32)])
+def test_packed_columns_are_the_weights_columns(k, n):
+    """columns(ids) = w[:, ids].T bit for bit, for ids of any shape (a packed tied embedding's lookup)."""
+    w = _weight(k, n)
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, n, (3, 5)), jnp.int32).at[0, 0].set(n - 1)
+    got = jax.jit(lambda p, i: p.columns(i))(pack_bf16(w), ids)
+    assert got.shape == (3, 5, k) and got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(w, np.float32).T[np.asarray(ids)])
+
+
+def test_pack_tied_head_replaces_a_bf16_embedding_only():
+    e = _weight(40, 16)  # [V, E]
+    out = pack_tied_head({"embed": {"embedding": e}, "final_norm": {"scale": jnp.ones(16)}})
+    assert set(out) == {"tied_head", "final_norm"} and out["tied_head"]["kernel"].shape == (16, 40)
+    np.testing.assert_array_equal(np.asarray(out["tied_head"]["kernel"].unpack(), np.float32),
+                                  np.asarray(e, np.float32).T)
+    f32 = {"embed": {"embedding": e.astype(jnp.float32)}}
+    assert pack_tied_head(f32) is f32 and pack_tied_head({"lm_head": {}}) == {"lm_head": {}}
+
+
+@needs_amx
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_packed_tied_head_gives_the_bits_of_the_embedding(preset):
+    """A bf16 tied model with its embedding packed as the LM head: the lookups are the embedding's rows and the
+    logits the stored embedding's head's, bit for bit (both sum exact products in float32 in one k order, then
+    round to bf16)."""
+    config = get_preset(preset).replace(dtype="bfloat16", tie_word_embeddings=True)
+    params = pack_dense_kernels(init_params(config, jax.random.key(0)))
+    tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, config.vocab_size)
+    run = jax.jit(forward_full, static_argnums=1)
+    packed = pack_tied_head(params)
+    assert "tied_head" in packed and "embed" not in packed
+    np.testing.assert_array_equal(np.asarray(run(packed, config, tokens), np.float32),
+                                  np.asarray(run(params, config, tokens), np.float32))
 
 
 def test_pack_dense_kernels_packs_only_2d_bf16_kernels():
@@ -178,5 +214,6 @@ def test_bf16_engine_packs_its_kernels_and_agrees_with_the_stored_layout():
             llm.engine.runner.params, is_leaf=lambda a: isinstance(a, PackedBf16))[0]
             if getattr(path[-1], "key", None) == "kernel"]
         assert kernels and all(isinstance(k, PackedBf16) == (layout == "auto") for k in kernels)
+        assert "tied_head" not in llm.engine.runner.params  # tiny-code has an LM head of its own
         outs[layout] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     _assert_greedy_agrees(outs["auto"], outs["as_stored"])
