@@ -124,5 +124,10 @@ def sample(logits: jax.Array, batch: SamplingBatch, want_logprobs: bool | jax.Ar
     tokens = jax.lax.cond(all_greedy, lambda: pick(argmax_first(logits)), lambda: _draw(pick(logits), batch))
     if want_logprobs is True:
         return tokens, token_logprobs(pick(logits), tokens)
-    return tokens, jax.lax.cond(want_logprobs, lambda: token_logprobs(pick(logits), tokens),
-                                lambda: jnp.full(tokens.shape, jnp.nan, jnp.float32))
+    return tokens, logprobs_if(want_logprobs, lambda: token_logprobs(pick(logits), tokens), tokens.shape)
+
+
+def logprobs_if(want: jax.Array, compute, shape: tuple) -> jax.Array:
+    """``compute()`` (log-probs f32[shape]) when the traced bool ``want`` holds, else NaNs: a runtime branch, so
+    a step nobody asked log-probs of skips their log-sum-exp over the vocabulary without a program of its own."""
+    return jax.lax.cond(want, compute, lambda: jnp.full(shape, jnp.nan, jnp.float32))

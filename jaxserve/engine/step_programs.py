@@ -20,7 +20,7 @@ from jaxserve.cache.kv_pool import KVPool
 from jaxserve.engine.batching import NUM_TOP_LOGPROBS
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
-from jaxserve.sampling import sample, token_logprobs
+from jaxserve.sampling import logprobs_if, sample, token_logprobs
 from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.ngram import ngram_round
@@ -87,8 +87,7 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
                                     attention_impl=attention_impl, logits_indices=last)
         logits = logits[sample_entry]
         toks = sample_tokens(logits, sbatch)
-        logprobs = jax.lax.cond(want_logprobs, lambda: token_logprobs(logits, toks),
-                                lambda: jnp.full(toks.shape, jnp.nan, jnp.float32))
+        logprobs = logprobs_if(want_logprobs, lambda: token_logprobs(logits, toks), toks.shape)
         return _on_mesh(layout, (toks, logprobs, hidden[sample_entry]), target_pool, draft_pool)
 
 
@@ -120,8 +119,7 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
                              heads_config=proposer_config, gamma=gamma, attention_impl=attention_impl, layout=layout)
         hidden = r.hidden if r.hidden is not None else jnp.zeros((), jnp.float32)
         # (r.logprobs, computed whether asked or not, is left unread: XLA drops it)
-        logprobs = jax.lax.cond(want_logprobs, lambda: emitted_logprobs(r.target_logits, r.tokens),
-                                lambda: jnp.full(r.tokens.shape, jnp.nan, jnp.float32))
+        logprobs = logprobs_if(want_logprobs, lambda: emitted_logprobs(r.target_logits, r.tokens), r.tokens.shape)
         return _on_mesh(layout, (r.tokens, r.num_accepted, logprobs, hidden), r.target_pool, draft_pool)
 
 
