@@ -1195,21 +1195,28 @@ ffi::Error WeightMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::B
 }
 
 // y = x @ dequant(w): kNK false: codes u8[K/2, N], scales u8[K/bs, N]; kNK: w [N, K] quantized along K (a tied
-// embedding read as the LM head), codes u8[N, K/2], scales u8[N, K/bs], bs a divisor of 128 from 8 up.
+// embedding read as the LM head), codes u8[N, K/2], scales u8[N, K/bs], bs a divisor of 128 from 8 up. The scales
+// may also come as float8_e4m3fn, as NVFP4 stores them: the kernel reads their bytes (a bitcast to u8 in the graph
+// would be a copy, a thunk per matmul: ~2 ms of a 15 ms SmolLM2 decode step).
 template <bool kNK>
 ffi::Error Fp4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
-                     ffi::Buffer<ffi::U8, 2> scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
+                     ffi::AnyBuffer scales, ffi::Buffer<ffi::F32, 0> tensor_scale,
                      ffi::ResultBuffer<ffi::F32, 2> y, int64_t block_size, int64_t scale_kind, int64_t x_bf16,
                      int64_t threads) {
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[kNK ? 0 : 1];
   const int kk = kNK ? 1 : 0;  // the axis of K in codes and scales
+  if (scales.dimensions().size() != 2 ||
+      (scales.element_type() != ffi::DataType::U8 && scales.element_type() != ffi::DataType::F8E4M3FN))
+    return ffi::Error::InvalidArgument(std::string("fp4_matmul_") + (kNK ? "nk" : "kn") +
+                                       ": scales must be a 2-D u8 or float8_e4m3fn buffer");
   if (block_size < 2 || block_size % 2 || K % block_size || codes.dimensions()[kk] * 2 != K ||
       scales.dimensions()[kk] * block_size != K || scales.dimensions()[1 - kk] != N ||
       (kNK && (block_size < 8 || 128 % block_size)))
     return ffi::Error::InvalidArgument(std::string("fp4_matmul_") + (kNK ? "nk" : "kn") +
                                        ": shapes do not fit the block size");
   // The kernels decode the scale bytes to block scale times tensor scale, as the reference multiplies them.
-  (kNK ? fp4_nk : fp4_kn)(pool, x.typed_data(), M, K, codes.typed_data(), scales.typed_data(), block_size,
+  (kNK ? fp4_nk : fp4_kn)(pool, x.typed_data(), M, K, codes.typed_data(),
+                          static_cast<const uint8_t*>(scales.untyped_data()), block_size,
                           scale_kind, *tensor_scale.typed_data(), N, y->typed_data(), x_bf16 != 0, threads);
   return ffi::Error::Success();
 }
@@ -1297,7 +1304,7 @@ extern "C" void jaxserve_set_sgemm(void* fn) { g_sgemm.store(reinterpret_cast<Sg
                                     .Ctx<ffi::ThreadPool>()                                        \
                                     .Arg<F32Matrix>()                                              \
                                     .Arg<U8Matrix>()                                               \
-                                    .Arg<U8Matrix>()                                               \
+                                    .Arg<ffi::AnyBuffer>()                                         \
                                     .Arg<F32Scalar>()                                              \
                                     .Ret<F32Matrix>()                                              \
                                     .Attr<int64_t>("block_size")                                   \

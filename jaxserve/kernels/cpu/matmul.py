@@ -179,8 +179,8 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
         raise ValueError(f"fp4_matmul_cpu: x{x.shape} does not contract with w{w.shape} (axis {w.axis})")
     if build.load() is None:
         raise RuntimeError("fp4_matmul_cpu: the CPU kernels are unavailable (see the logged warning)")
-    scales = w.scales
-    if scales.dtype != jnp.uint8:  # nvfp4 stores float8_e4m3fn; the kernel decodes the raw bytes
+    scales = w.scales  # u8 (E8M0) or float8_e4m3fn (NVFP4): the kernel reads the bytes as stored
+    if scales.dtype not in (jnp.uint8, jnp.float8_e4m3fn):
         scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
     call = jax.ffi.ffi_call(f"jaxserve_fp4_matmul_{'nk' if w.axis == 1 else 'kn'}",
                             jax.ShapeDtypeStruct((x.size // k, n), jnp.float32), vmap_method="sequential")
