@@ -16,6 +16,7 @@ ATTENTION_IMPLS = ("auto", "pallas", "mosaic", "xla", "reference")
 QUANT_IMPLS = ("auto", "pallas", "mosaic", "reference")  # see jaxserve/quant/matmul.py kernel_for
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
+ACTIVATION_QUANTIZATIONS = (None, "int8")  # EngineConfig.activation_quantization
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 MOE_DISPATCHES = ("auto", "all_to_all", "ragged")  # see jaxserve/parallel/layout.py resolve_moe_dispatch
@@ -214,6 +215,10 @@ class EngineConfig:
     # with a quantization (nvfp4/mxfp4: the CPU kernel reads it): also the LM head; a tied head quantizes the
     # embedding table along the hidden axis, its lookup dequantizing the looked-up rows (one device only)
     quantize_lm_head: bool = False
+    # with nvfp4/mxfp4: None (weight-only) | int8: activations quantized to int8 on the weights' blocks for the Dense
+    # matmuls (W4A8, llama.cpp's Q8 activations; jaxserve.quant.w4a8): the AVX-512 VNNI kernel on CPU, fewer
+    # operations a weight than decoding FP4 to bf16; costs accuracy (experiments/fp4_perplexity)
+    activation_quantization: str | None = None
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).
@@ -250,6 +255,15 @@ class EngineConfig:
                  f"EngineConfig.quant_impl must be one of {QUANT_IMPLS}, got {self.quant_impl!r}")
         _require(not self.quantize_lm_head or self.quantization is not None,
                  f"EngineConfig.quantize_lm_head=True needs a quantization, got quantization={self.quantization!r}")
+        _require(self.activation_quantization in ACTIVATION_QUANTIZATIONS,
+                 f"EngineConfig.activation_quantization must be one of {ACTIVATION_QUANTIZATIONS}, got "
+                 f"{self.activation_quantization!r}")
+        _require(self.activation_quantization is None or self.quantization in ("nvfp4", "mxfp4"),
+                 f"EngineConfig.activation_quantization={self.activation_quantization!r} needs quantization nvfp4 or "
+                 f"mxfp4, got {self.quantization!r}")
+        _require(self.activation_quantization is None or self.quant_impl in ("auto", "reference"),
+                 f"EngineConfig.activation_quantization={self.activation_quantization!r} runs with quant_impl auto "
+                 f"or reference, got {self.quant_impl!r}")
         _require(not self.quantize_lm_head or self.tensor_parallel_size == 1,
                  f"EngineConfig.quantize_lm_head=True runs on one device, got tensor_parallel_size="
                  f"{self.tensor_parallel_size}")

@@ -110,7 +110,7 @@ class LLMEngine:
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization, lm_head=ec.quantize_lm_head)
-            quant = MatmulSettings(impl=ec.quant_impl)
+            quant = MatmulSettings(impl=ec.quant_impl, w4a8=ec.activation_quantization == "int8")
         self.runner = ModelRunner(run_config, params, num_blocks=num_blocks, block_size=ec.block_size,
                                   max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,

@@ -47,10 +47,18 @@ class MatmulSettings:
     w4a4: bool = False            # also fake-quantize activations to the weight's format
     interpret: bool | None = None  # Pallas interpret mode; None: on CPU only
     precision: str = "float32"    # Pallas products in "float32" or "bfloat16" (f32 accumulation either way)
+    # activations quantized to int8 on the weight's blocks (jaxserve.quant.w4a8): the CPU VNNI kernel for few rows,
+    # the reference (emulation) elsewhere; Dense kernels only (a quantized tied head stays weight-only)
+    w4a8: bool = False
 
     def __post_init__(self):
         if self.impl not in IMPLS:
             raise ValueError(f"quantized matmul impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.w4a4 and self.w4a8:
+            raise ValueError("quantized matmul: w4a4=True and w4a8=True exclude each other")
+        if self.impl in ("mosaic", "pallas") and self.w4a8:
+            raise ValueError(f"quantized matmul impl={self.impl!r} has no W4A8 (w4a8=True); use 'auto' (the CPU "
+                             f"kernel) or 'reference'")
         if self.impl == "mosaic" and self.w4a4:
             raise ValueError("quantized matmul impl='mosaic' has no W4A4 emulation (w4a4=True); "
                              "use impl='pallas' for it")
@@ -61,9 +69,9 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
     """Which matmul ``quantized_matmul`` runs: "cpu" | "mosaic" | "triton" | "portable" | "reference".
 
     - "reference" (dequantize, then a float32 dot): impl="reference", fp8/int4 weights under any impl,
-      and impl="auto" on CPU where the CPU kernel is not usable (or W4A4 is asked for).
+      and impl="auto" on CPU where the CPU kernel is not usable (or W4A4 is asked for); W4A8 off the CPU.
     - "cpu" (``jaxserve.kernels.cpu.fp4_matmul_cpu``, an AVX-512 or AVX2 XLA FFI call that decodes the packed
-      weight in registers): impl="auto" on CPU when ``cpu_kernel`` (default: ``jaxserve.kernels.cpu.usable()``,
+      weight in registers; with w4a8, ``fp4_w4a8_matmul_cpu``, AVX-512 VNNI): impl="auto" on CPU when ``cpu_kernel`` (default: ``jaxserve.kernels.cpu.usable()``,
       off with ``JAXSERVE_CPU_KERNELS=0``); ``quantized_matmul`` uses it for up to 16 rows of x (decoding)
       and the reference for more.
     - "mosaic" (``fp4_matmul_mosaic``, Mosaic GPU; its CPU interpreter off a GPU): impl="mosaic"; and
@@ -76,7 +84,7 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
     - "portable" (that kernel in Pallas interpret mode): impl="pallas" on CPU, or interpret=True.
     """
     backend = jax.default_backend() if backend is None else backend
-    if settings.impl == "reference" or w.fmt not in KERNEL_FORMATS:
+    if settings.impl == "reference" or w.fmt not in KERNEL_FORMATS or (settings.w4a8 and backend != "cpu"):
         return "reference"
     if settings.impl == "mosaic":
         return "mosaic"
@@ -85,7 +93,7 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
             return "portable"
         if cpu_kernel is None:
             from jaxserve.kernels import cpu
-            cpu_kernel = cpu.usable()
+            cpu_kernel = cpu.w4a8_usable() if settings.w4a8 else cpu.usable()
         return "cpu" if cpu_kernel and not settings.w4a4 and not settings.interpret else "reference"
     if settings.interpret:
         return "portable"
@@ -104,10 +112,18 @@ def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings 
     where it applies, else the portable (Triton) one; on CPU "auto" runs the AVX-512 or AVX2 FFI kernel for a
     few rows (decoding) where it is usable, else the reference.
     """
-    if settings.w4a4 and w.fmt not in KERNEL_FORMATS:
-        raise ValueError(f"w4a4 emulation applies to {KERNEL_FORMATS} weights, got fmt={w.fmt!r}")
+    if (settings.w4a4 or settings.w4a8) and w.fmt not in KERNEL_FORMATS:
+        raise ValueError(f"{'w4a4 emulation' if settings.w4a4 else 'w4a8'} applies to {KERNEL_FORMATS} weights, "
+                         f"got fmt={w.fmt!r}")
     x = jnp.asarray(x)
     kernel = kernel_for(x.dtype, w, settings)
+    if settings.w4a8:
+        few_rows = math.prod(x.shape[:-1]) <= _CPU_MAX_ROWS
+        if kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and w.block_size % 4 == 0 and few_rows:
+            from jaxserve.kernels.cpu import fp4_w4a8_matmul_cpu
+            return fp4_w4a8_matmul_cpu(x, w, out_dtype=out_dtype)
+        from jaxserve.quant.w4a8 import w4a8_matmul_reference
+        return w4a8_matmul_reference(x, w, out_dtype=out_dtype)
     if kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and math.prod(x.shape[:-1]) <= _CPU_MAX_ROWS:
         from jaxserve.kernels.cpu import fp4_matmul_cpu
         return fp4_matmul_cpu(x, w, out_dtype=out_dtype)
@@ -171,6 +187,7 @@ def tied_matmul(x: jax.Array, e: QuantizedTensor, settings: MatmulSettings = Mat
     (default x.dtype): where ``kernel_for`` picks "cpu", the CPU FFI kernel (``fp4_matmul_cpu``'s [N, K] layout),
     16 rows of x a call (a prefill too: no dequantized copy of the table); else dequantize, then a float32 dot."""
     x = jnp.asarray(x)
+    settings = dataclasses.replace(settings, w4a8=False)  # W4A8 is for Dense kernels: a tied head stays weight-only
     if kernel_for(x.dtype, e, settings) == "cpu" and 128 % e.block_size == 0:
         from jaxserve.kernels.cpu import fp4_matmul_cpu
         x2 = x.reshape(-1, x.shape[-1])
@@ -220,12 +237,12 @@ def _interceptor(next_fun, args, kwargs, context):
 
 @contextlib.contextmanager
 def use_quantized_matmul(impl: str = "auto", *, w4a4: bool = False, interpret: bool | None = None,
-                         precision: str = "float32"):
+                         precision: str = "float32", w4a8: bool = False):
     """Within this context, Dense layers with QuantizedTensor kernels run ``quantized_matmul``.
 
     Nested contexts: the innermost settings apply. Thread-local, like Flax's interceptor stack.
     """
-    settings = MatmulSettings(impl, w4a4, interpret, precision)
+    settings = MatmulSettings(impl, w4a4, interpret, precision, w4a8)
     stack = _state.__dict__.setdefault("stack", [])
     outermost = not stack
     stack.append(settings)
@@ -244,17 +261,17 @@ def matmul_context(settings: MatmulSettings | None):
     if settings is None:
         return contextlib.nullcontext()
     return use_quantized_matmul(settings.impl, w4a4=settings.w4a4, interpret=settings.interpret,
-                                precision=settings.precision)
+                                precision=settings.precision, w4a8=settings.w4a8)
 
 
 def quantized_apply(fn, impl: str = "auto", *, w4a4: bool = False, interpret: bool | None = None,
-                    precision: str = "float32"):
+                    precision: str = "float32", w4a8: bool = False):
     """``fn`` wrapped to run inside ``use_quantized_matmul(...)``; jit the result, not the other way round."""
-    MatmulSettings(impl, w4a4, interpret, precision)  # validate now, not at the first call
+    MatmulSettings(impl, w4a4, interpret, precision, w4a8)  # validate now, not at the first call
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        with use_quantized_matmul(impl, w4a4=w4a4, interpret=interpret, precision=precision):
+        with use_quantized_matmul(impl, w4a4=w4a4, interpret=interpret, precision=precision, w4a8=w4a8):
             return fn(*args, **kwargs)
 
     return wrapped

@@ -108,3 +108,35 @@ def test_quantize_lm_head_needs_a_quantization():
         LLM.from_params(TIED, TIED_PARAMS, quantize_lm_head=True, **ENGINE)
     with pytest.raises(TypeError, match="quantize_lm_head"):
         LLM.from_params(TIED, TIED_PARAMS, quantization="nvfp4", quantize_lm_head="yes", **ENGINE)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.slow)])
+def test_w4a8_engine_matches_its_reference(fmt, monkeypatch):
+    """activation_quantization="int8" (W4A8): decode steps on the CPU VNNI kernel where it runs, prefill and
+    quant_impl="reference" on the emulation (jaxserve.quant.w4a8): the same greedy tokens, log-probs within 1e-4
+    (the kernel's block sums are exact integers; float32 rounding apart); and not the weight-only numbers."""
+    kernel_calls = []
+    kernel = cpu.fp4_w4a8_matmul_cpu
+    monkeypatch.setattr(cpu, "fp4_w4a8_matmul_cpu", lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k))
+    tokens, logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, activation_quantization="int8",
+                                                 **ENGINE))
+    assert kernel_calls or not cpu.w4a8_usable()
+    calls = len(kernel_calls)
+    ref_tokens, ref_logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="reference",
+                                                         activation_quantization="int8", **ENGINE))
+    assert len(kernel_calls) == calls
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+    _, weight_only = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="reference", **ENGINE))
+    assert np.abs(logprobs - weight_only).max() > 1e-4  # the activations really were quantized
+
+
+def test_activation_quantization_needs_fp4_weights():
+    with pytest.raises(ValueError, match="activation_quantization must be one of .* got 'int4'"):
+        LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", activation_quantization="int4", **ENGINE)
+    with pytest.raises(ValueError, match="activation_quantization='int8' needs quantization nvfp4 or mxfp4, got 'fp8'"):
+        LLM.from_params(CONFIG, PARAMS, quantization="fp8", activation_quantization="int8", **ENGINE)
+    with pytest.raises(ValueError, match="activation_quantization='int8' runs with quant_impl auto or reference, got "
+                                         "'pallas'"):
+        LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", quant_impl="pallas", activation_quantization="int8",
+                        **ENGINE)

@@ -180,3 +180,22 @@ def test_settings_as_a_static_argument_keep_jit_traces_apart(config, nvfp4_param
     weights_only = _engine_like_step(nvfp4_params, tokens, config=config, quant=MatmulSettings("reference"))
     w4a4 = _engine_like_step(nvfp4_params, tokens, config=config, quant=MatmulSettings("reference", w4a4=True))
     assert _rel(weights_only, reference_logits) < 1e-6 and _rel(w4a4, reference_logits) > 1e-3
+
+
+def test_w4a8_settings_and_reference_path():
+    """MatmulSettings(w4a8=True): activations quantized to int8 on the weight's blocks; the reference impl (and any
+    backend but the CPU kernel's) computes jaxserve.quant.w4a8's emulation; no Pallas/Mosaic kernel has it."""
+    from jaxserve.quant.w4a8 import w4a8_matmul_reference
+    from pallas_kernels.fp4 import quantize
+    with pytest.raises(ValueError, match="exclude each other"):
+        MatmulSettings(w4a4=True, w4a8=True)
+    with pytest.raises(ValueError, match="impl='pallas' has no W4A8"):
+        MatmulSettings("pallas", w4a8=True)
+    rng = np.random.default_rng(4)
+    w = quantize(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32), "nvfp4", axis=0)
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)  # 40 rows: past the CPU kernel's 16 on any CPU
+    settings = MatmulSettings("auto", w4a8=True)
+    assert kernel_for(x.dtype, w, settings, backend="gpu") == "reference"
+    np.testing.assert_array_equal(quant_matmul.quantized_matmul(x, w, settings), w4a8_matmul_reference(x, w))
+    assert not np.allclose(quant_matmul.quantized_matmul(x, w, MatmulSettings("reference")),
+                           w4a8_matmul_reference(x, w), rtol=1e-4, atol=0)

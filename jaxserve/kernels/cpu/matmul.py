@@ -71,6 +71,16 @@ def amx_granted() -> bool:
     return bool(build.load().jaxserve_amx_enable())
 
 
+def w4a8_usable() -> bool:
+    """Whether ``fp4_w4a8_matmul_cpu`` can run now: ``usable()`` and a library built with AVX-512 VNNI."""
+    return usable() and _w4a8_built()
+
+
+@functools.lru_cache(maxsize=None)
+def _w4a8_built() -> bool:
+    return bool(build.load().jaxserve_w4a8_available())
+
+
 def default_threads() -> int:
     if os.environ.get(ENV_THREADS):
         return max(1, int(os.environ[ENV_THREADS]))
@@ -187,4 +197,32 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
     y = call(x.reshape(-1, k).astype(jnp.float32), w.data, scales,
              jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
              scale_kind=FP4_FORMATS[w.fmt], x_bf16=int(x.dtype == jnp.bfloat16), threads=threads or default_threads())
+    return y.reshape(*x.shape[:-1], n).astype(out_dtype or x.dtype)
+
+
+def fp4_w4a8_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
+    """x f32/bf16/f16[..., K] @ w (nvfp4/mxfp4 QuantizedTensor [K, N] along K, block size a multiple of 4) with x
+    quantized to int8 on w's blocks (W4A8, ``jaxserve.quant.w4a8``) -> out_dtype[..., N] (default x's dtype), on
+    AVX-512 VNNI (``w4a8.cc``): each block's products summed exactly in integers, the blocks' sums scaled and summed
+    in float32, so ``w4a8_matmul_reference`` up to float32 rounding. Needs ``w4a8_usable()``."""
+    from pallas_kernels.fp4 import QuantizedTensor
+    x = jnp.asarray(x)
+    if (not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS or len(w.shape) != 2 or w.axis != 0
+            or w.block_size % 4):
+        raise ValueError(f"fp4_w4a8_matmul_cpu needs a 2-D nvfp4/mxfp4 QuantizedTensor along axis 0 in blocks of a "
+                         f"multiple of 4, got {getattr(w, 'fmt', type(w))!r} shape {getattr(w, 'shape', None)} "
+                         f"axis {getattr(w, 'axis', None)} block size {getattr(w, 'block_size', None)}")
+    k, n = w.shape
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise ValueError(f"fp4_w4a8_matmul_cpu: x{x.shape} does not contract with w{w.shape}")
+    if not w4a8_usable():
+        raise RuntimeError("fp4_w4a8_matmul_cpu: the kernel is unavailable (the CPU kernels not built, or no "
+                           "AVX-512 VNNI)")
+    scales = w.scales if w.scales.dtype in (jnp.uint8, jnp.float8_e4m3fn) else jax.lax.bitcast_convert_type(
+        w.scales, jnp.uint8)
+    call = jax.ffi.ffi_call("jaxserve_fp4_w4a8_matmul_kn", jax.ShapeDtypeStruct((x.size // k, n), jnp.float32),
+                            vmap_method="sequential")
+    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, scales,
+             jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
+             scale_kind=FP4_FORMATS[w.fmt], threads=threads or default_threads())
     return y.reshape(*x.shape[:-1], n).astype(out_dtype or x.dtype)
