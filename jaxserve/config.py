@@ -17,6 +17,7 @@ QUANT_IMPLS = ("auto", "pallas", "mosaic", "reference")  # see jaxserve/quant/ma
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "nvfp4", "mxfp4", "fp8", "int4")
 ACTIVATION_QUANTIZATIONS = (None, "int8")  # EngineConfig.activation_quantization
+LM_HEAD_QUANTIZATIONS = (None, "int8")  # EngineConfig.lm_head_quantization
 KV_ALLOCATIONS = ("paged", "orca_max", "orca_pow2", "orca_oracle")  # see jaxserve/cache/reservation.py
 ROUTERS = ("mixtral", "qwen3_moe", "deepseek_v3")  # see jaxserve/moe/routers.py
 MOE_DISPATCHES = ("auto", "all_to_all", "ragged")  # see jaxserve/parallel/layout.py resolve_moe_dispatch
@@ -219,6 +220,10 @@ class EngineConfig:
     # matmuls (W4A8, llama.cpp's Q8 activations; jaxserve.quant.w4a8): the AVX-512 VNNI kernel on CPU, fewer
     # operations a weight than decoding FP4 to bf16; costs accuracy (experiments/fp4_perplexity)
     activation_quantization: str | None = None
+    # the LM head: None (as the model's dtype, or with quantize_lm_head) | int8: int8 weights, one scale a vocabulary
+    # row, times int8 activations in blocks of 32 (jaxserve.kernels.cpu.int8_head: the AVX-512 VNNI kernel for decode
+    # rows on CPU); a tied embedding stays as it is for the lookup (one device only)
+    lm_head_quantization: str | None = None
     seed: int = 0
     # paged: blocks on demand (vLLM). orca_*: the vLLM paper's baselines, a contiguous reservation per
     # request of max_model_len / the next power of two of its length / its exact length (experiments).
@@ -264,6 +269,17 @@ class EngineConfig:
         _require(self.activation_quantization is None or self.quant_impl in ("auto", "reference"),
                  f"EngineConfig.activation_quantization={self.activation_quantization!r} runs with quant_impl auto "
                  f"or reference, got {self.quant_impl!r}")
+        _require(self.lm_head_quantization in LM_HEAD_QUANTIZATIONS,
+                 f"EngineConfig.lm_head_quantization must be one of {LM_HEAD_QUANTIZATIONS}, got "
+                 f"{self.lm_head_quantization!r}")
+        _require(self.lm_head_quantization is None or not self.quantize_lm_head,
+                 f"EngineConfig.lm_head_quantization={self.lm_head_quantization!r} and quantize_lm_head=True both "
+                 f"quantize the head: pick one")
+        _require(self.lm_head_quantization is None or (self.tensor_parallel_size == 1 and self.data_parallel_size == 1
+                                                       and not self.enable_expert_parallel),
+                 f"EngineConfig.lm_head_quantization={self.lm_head_quantization!r} runs on one device, got "
+                 f"tensor_parallel_size={self.tensor_parallel_size}, data_parallel_size={self.data_parallel_size}, "
+                 f"enable_expert_parallel={self.enable_expert_parallel}")
         _require(not self.quantize_lm_head or self.tensor_parallel_size == 1,
                  f"EngineConfig.quantize_lm_head=True runs on one device, got tensor_parallel_size="
                  f"{self.tensor_parallel_size}")

@@ -157,6 +157,13 @@ def packed_logits(kernel, x: jax.Array) -> jax.Array:
     return y.reshape(*x.shape[:-1], kernel.shape[1])
 
 
+def int8_logits(head, x: jax.Array) -> jax.Array:
+    """x [..., E] @ an LM head in int8 (``kernels.cpu.int8_head``: W8A8, EngineConfig.lm_head_quantization) -> f32
+    [..., V]."""
+    from jaxserve.kernels.cpu.int8_head import int8_head_logits
+    return int8_head_logits(head, x)
+
+
 def dense(features: int, dtype, name: str, *, matmul_dtype=None, bias: bool = False,
           kernel_init=nn.initializers.lecun_normal()) -> nn.Dense:
     """An ``nn.Dense`` computing in ``dtype``, its dot in ``matmul_dtype`` (default: dtype) with float32 sums.

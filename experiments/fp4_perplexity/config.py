@@ -15,7 +15,8 @@ class PerplexityConfig:
     batch_size: int = 8
     impl: str = "reference"            # quantized matmul: "reference" (dequantize + f32 dot), "pallas", "auto"
     lm_head: bool = False              # weights-only rows also quantize the LM head (a tied one: the embedding along E)
-    # pallas_kernels.fp4.quant_error.VARIANTS keys; a "_w4a4" suffix also fake-quantizes activations
+    # pallas_kernels.fp4.quant_error.VARIANTS keys; a "_w4a4" suffix also fake-quantizes activations to the weight's
+    # format, "_w4a8" to int8 on its blocks (jaxserve.quant.w4a8)
     variants: tuple = ("nvfp4", "nvfp4_w4a4", "mxfp4_floor", "mxfp4_floor_w4a4", "mxfp4_ceil",
                        "mxfp4_ceil_w4a4", "fp8_tensor", "fp8_channel", "int4_g128")
     baselines: tuple = ("float32", "bfloat16")  # unquantized compute dtypes; the first is the reference row

@@ -21,14 +21,27 @@ from pallas_kernels.fp4.quant_error import VARIANTS
 NUDGE = 1e-6
 
 
-def split_variant(name: str) -> tuple[str, bool]:
-    """("nvfp4", True) for "nvfp4_w4a4": the VARIANTS key and whether activations are quantized too."""
-    return name.removesuffix("_w4a4"), name.endswith("_w4a4")
+ACTIVATION_SUFFIXES = ("_w4a4", "_w4a8")
+
+
+def split_variant(name: str) -> tuple[str, str]:
+    """The VARIANTS key and what the activations are quantized to: ("nvfp4", "w4a4") for "nvfp4_w4a4" (the weight's
+    format), ("nvfp4", "w4a8") for "nvfp4_w4a8" (int8 on the weight's blocks: jaxserve.quant.w4a8), ("nvfp4", "")."""
+    for suffix in ACTIVATION_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), suffix[1:]
+    return name, ""
+
+
+def variant_settings(impl: str, name: str, **kwargs) -> MatmulSettings:
+    """The quantized matmul's settings for variant ``name`` under ``impl``."""
+    acts = split_variant(name)[1]
+    return MatmulSettings(impl, w4a4=acts == "w4a4", w4a8=acts == "w4a8", **kwargs)
 
 
 def kernel_variants(variants) -> list[str]:
-    """The variants whose weights the Pallas kernel reads (NVFP4 and MXFP4)."""
-    return [v for v in variants if VARIANTS[split_variant(v)[0]][0] in KERNEL_FORMATS]
+    """The variants whose weights the Pallas kernel reads (NVFP4 and MXFP4; W4A8 has no Pallas kernel)."""
+    return [v for v in variants if VARIANTS[split_variant(v)[0]][0] in KERNEL_FORMATS and split_variant(v)[1] != "w4a8"]
 
 
 def _kernel(params, path: str):
@@ -49,14 +62,14 @@ def kernel_vs_reference(params, config, tokens, layers, variants) -> list[dict]:
     inputs = dense_inputs(params, config, tokens)
     rows = []
     for name in kernel_variants(variants):
-        (fmt, opts), w4a4 = VARIANTS[split_variant(name)[0]], split_variant(name)[1]
+        fmt, opts = VARIANTS[split_variant(name)[0]]
         for layer in layers:
             w = quantize(_kernel(params, layer), fmt, axis=0, **opts)
             x = jnp.asarray(inputs[layer])
-            kernel = quantized_matmul(x, w, MatmulSettings("pallas", w4a4=w4a4, interpret=True))
-            ref = quantized_matmul(x, w, MatmulSettings("reference", w4a4=w4a4))
+            kernel = quantized_matmul(x, w, variant_settings("pallas", name, interpret=True))
+            ref = quantized_matmul(x, w, variant_settings("reference", name))
             nudged = x * (1 + NUDGE * jax.random.normal(jax.random.key(0), x.shape))
-            ref_nudged = quantized_matmul(nudged, w, MatmulSettings("reference", w4a4=w4a4))
+            ref_nudged = quantized_matmul(nudged, w, variant_settings("reference", name))
             rows.append({"variant": name, "layer": layer, "M": x.shape[0], "K": w.shape[0], "N": w.shape[1],
                          "rel_diff": _rel(kernel, ref), "nudge_rel_diff": _rel(ref_nudged, ref)})
     return rows

@@ -4,7 +4,8 @@
 
 Weights-only variants quantize every Dense kernel but embed/lm_head (``quantize_params`` defaults; ``lm_head=true``:
 the LM head too, a tied one as the embedding table along E) and compute in float32; "_w4a4" variants also fake-quantize each Dense input to the weight's
-format. Every row starts from one float tensor per weight (``weight_sources``): the weights as
+format, "_w4a8" ones to int8 on the weight's blocks (``jaxserve.quant.w4a8``: what
+``activation_quantization="int8"`` serves, llama.cpp's Q8 activations). Every row starts from one float tensor per weight (``weight_sources``): the weights as
 loaded (SmolLM2: dequantized from its GGUF file's Q4_1 blocks to float32), or those rounded to
 bfloat16 / float16 (a 16-bit export) and computed in float32. Also reports the quantization error
 (pooled MSE/SQNR) of the kernels' weights and inputs, and the Pallas kernel against the reference
@@ -17,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.fp4_perplexity.kernel_check import kernel_vs_reference, split_variant
+from experiments.fp4_perplexity.kernel_check import kernel_vs_reference, split_variant, variant_settings
 from experiments.fp4_perplexity.report import claim_rows, plot, report_model, source_rows, with_paired_delta
 from experiments.harness import ROOT
 from jaxserve.models.loading import resolve_model
-from jaxserve.quant import MatmulSettings, kernel_plan, quantization_report, quantize_params, weight_bytes
+from jaxserve.quant import kernel_plan, quantization_report, quantize_params, weight_bytes
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.data import encode_split, windows
 from pallas_kernels.fp4.quant_error import VARIANTS
@@ -35,7 +36,7 @@ def validate(cfg):
     for name in cfg.variants:
         if split_variant(name)[0] not in VARIANTS:
             raise ValueError(f"variants: unknown variant {name!r}; expected a key of {sorted(VARIANTS)}, "
-                             "optionally with the suffix '_w4a4'")
+                             "optionally with the suffix '_w4a4' or '_w4a8'")
     for src in cfg.weight_sources:
         if src not in SOURCE_DTYPES:
             raise ValueError(f"weight_sources: {src!r} is not one of {SOURCE_DTYPES}")
@@ -87,12 +88,11 @@ def source_params(params, source: str):
 
 
 def measure_variant(name, config, params, val, cfg):
-    base, w4a4 = split_variant(name)
-    fmt, opts = VARIANTS[base]
+    fmt, opts = VARIANTS[split_variant(name)[0]]
     qparams = quantize_params(params, fmt, lm_head=cfg.lm_head, **opts)
     report = quantization_report(params, qparams)
     plan = kernel_plan(params, fmt, **opts)
-    row = perplexity(qparams, config, val, MatmulSettings(cfg.impl, w4a4=w4a4), cfg.batch_size)
+    row = perplexity(qparams, config, val, variant_settings(cfg.impl, name), cfg.batch_size)
     bits = report.bits_per_quantized_weight if report.num_quantized else float("nan")
     return {**row, "variant": name, "bytes": report.bytes_after, "bits_per_weight": bits,
             "kernels": f"{report.num_quantized}/{len(plan)}"}

@@ -116,7 +116,8 @@ class LLMEngine:
                                   max_model_len=self.max_model_len, attention_impl=ec.attention_impl, quant=quant,
                                   router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills,
                                   speculative=speculative, proposer=proposer if speculative else None,
-                                  layout=layout, weight_layout=ec.weight_layout)
+                                  layout=layout, weight_layout=ec.weight_layout,
+                                  lm_head_quantization=ec.lm_head_quantization)
         self.speculative = speculative
         self.spec_stats = None if speculative is None else SpeculativeStats(proposer.method, speculative.gamma)
         self._rng = np.random.default_rng(ec.seed)

@@ -34,6 +34,7 @@ from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, Sa
 from jaxserve.engine.proposer import Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.kernels.cpu import amx_usable
+from jaxserve.kernels.cpu.int8_head import with_int8_head
 from jaxserve.kernels.cpu.packed import pack_dense_kernels, pack_tied_head
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import attention_backend, new_kv_pool
@@ -79,7 +80,8 @@ class ModelRunner:
                  max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  attention_impl: str = "auto", quant=None, router_state: dict | None = None,
                  max_num_partial_prefills: int | None = None, speculative: SpeculativeConfig | None = None,
-                 proposer: Proposer | None = None, layout: Layout | None = None, weight_layout: str = "auto"):
+                 proposer: Proposer | None = None, layout: Layout | None = None, weight_layout: str = "auto",
+                 lm_head_quantization: str | None = None):
         if (speculative is None) != (proposer is None):
             raise ValueError("speculative and proposer come together (both None for a plain runner)")
         # a mesh: config and params as the layout runs them (KV heads replicated up to T), placed by the rule table
@@ -89,10 +91,12 @@ class ModelRunner:
         # numpy params would be copied in every step
         self.config, self.params = config, to_device(params) if layout is None else layout.place_params(params)
         pack = layout is None and weight_layout == "auto"  # (EngineConfig.weight_layout)
+        if lm_head_quantization == "int8":  # (EngineConfig.lm_head_quantization: one device)
+            self.params = with_int8_head(self.params, config.tie_word_embeddings)
         if pack and packs_for_amx(config):
             self.params = pack_dense_kernels(self.params)
-            if config.tie_word_embeddings:  # (not the draft's: its sampled rounds read its embedding as stored)
-                self.params = pack_tied_head(self.params)
+            if config.tie_word_embeddings and lm_head_quantization is None:  # (not the draft's: its sampled rounds
+                self.params = pack_tied_head(self.params)                 # read its embedding as stored)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         if layout is not None and router_state is not None:

@@ -29,7 +29,8 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import RMSNorm, SwiGLU, dense, packed_logits, rope, rope_inv_freq, rope_tables, tied_logits
+from jaxserve.layers import (RMSNorm, SwiGLU, dense, int8_logits, packed_logits, rope, rope_inv_freq, rope_tables,
+                             tied_logits)
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -136,6 +137,9 @@ class Transformer(nn.Module):
         # a runner on an AMX CPU holds a tied bf16 embedding packed as the LM head (kernels.cpu.packed.pack_tied_head)
         packed = self.get_variable("params", "tied_head")["kernel"] if c.tie_word_embeddings and self.has_variable(
             "params", "tied_head") else None
+        # EngineConfig.lm_head_quantization="int8": the head in int8 (kernels.cpu.int8_head.with_int8_head)
+        int8_head = self.get_variable("params", "int8_head")["kernel"] if self.has_variable(
+            "params", "int8_head") else None
         if packed is None:
             embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, embedding_init=_INIT, name="embed")
             x = embed(tokens)
@@ -154,7 +158,9 @@ class Transformer(nn.Module):
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
-        if packed is not None:  # rounded to the embedding's dtype, as tied_logits's product is
+        if int8_head is not None:
+            logits = int8_logits(int8_head, x).astype(dt)
+        elif packed is not None:  # rounded to the embedding's dtype, as tied_logits's product is
             logits = packed_logits(packed, x).astype(dt)
         else:
             logits = tied_logits(embed, x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)

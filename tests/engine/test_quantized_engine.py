@@ -140,3 +140,36 @@ def test_activation_quantization_needs_fp4_weights():
                                          "'pallas'"):
         LLM.from_params(CONFIG, PARAMS, quantization="nvfp4", quant_impl="pallas", activation_quantization="int8",
                         **ENGINE)
+
+
+@pytest.mark.parametrize("config, params", [(TIED, TIED_PARAMS), (CONFIG, PARAMS)], ids=["tied", "untied"])
+def test_int8_lm_head_engine_matches_its_reference(config, params, monkeypatch):
+    """lm_head_quantization="int8": decode rows on the VNNI kernel where it runs, prefill on the reference; with the
+    kernel switched off, the reference everywhere: the same greedy tokens, log-probs within 1e-4; and the head really
+    is int8 (log-probs off the float head's)."""
+    from jaxserve.kernels.cpu import int8_head
+    calls = []
+    kernel = int8_head.int8_head_matmul
+    monkeypatch.setattr(int8_head, "int8_head_matmul", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    tokens, logprobs = _generate(LLM.from_params(config, params, lm_head_quantization="int8", **ENGINE))
+    assert calls or not cpu.w4a8_usable()
+    monkeypatch.setattr(int8_head, "w4a8_usable", lambda: False)
+    jax.clear_caches()  # the step programs are shared jits: trace them again without the kernel
+    references = []
+    reference = int8_head.int8_head_reference
+    monkeypatch.setattr(int8_head, "int8_head_reference", lambda *a, **k: references.append(a[0].shape) or
+                        reference(*a, **k))
+    ref_tokens, ref_logprobs = _generate(LLM.from_params(config, params, lm_head_quantization="int8", **ENGINE))
+    assert any(shape[0] <= 8 for shape in references), references  # decode rows traced on the reference
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+    _, float_head = _generate(LLM.from_params(config, params, **ENGINE))
+    assert np.abs(logprobs - float_head).max() > 1e-5
+
+
+def test_lm_head_quantization_choices():
+    with pytest.raises(ValueError, match="lm_head_quantization must be one of .* got 'int4'"):
+        LLM.from_params(TIED, TIED_PARAMS, lm_head_quantization="int4", **ENGINE)
+    with pytest.raises(ValueError, match="both quantize the head: pick one"):
+        LLM.from_params(TIED, TIED_PARAMS, quantization="nvfp4", quantize_lm_head=True, lm_head_quantization="int8",
+                        **ENGINE)

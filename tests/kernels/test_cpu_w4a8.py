@@ -1,4 +1,4 @@
-"""The W4A8 CPU kernel (jaxserve/kernels/cpu/w4a8.cc) against its reference (jaxserve.quant.w4a8), and the
+"""The W4A8 CPU kernel (jaxserve/kernels/cpu/vnni.cc) against its reference (jaxserve.quant.w4a8), and the
 reference's activation quantization against llama.cpp's Q8 rule. Kernel tests skip without AVX-512 VNNI."""
 import dataclasses
 

@@ -39,13 +39,14 @@ import jax
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc", SOURCE_DIR / "amx.cc", SOURCE_DIR / "w4a8.cc")
+SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc", SOURCE_DIR / "amx.cc", SOURCE_DIR / "vnni.cc")
 HEADERS = (SOURCE_DIR / "parallel.h", SOURCE_DIR / "fp4_scales.h")
 LIBRARY = "jaxserve_cpu_kernels.so"
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
            "jaxserve_fp4_matmul_kn", "jaxserve_fp4_matmul_nk", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk",
            "jaxserve_bf16_gemm_kn", "jaxserve_bf16_gemm_nk", "jaxserve_bf16_gemm_packed", "jaxserve_paged_attention",
-           "jaxserve_paged_attention_bf16", "jaxserve_fp4_w4a8_matmul_kn")
+           "jaxserve_paged_attention_bf16", "jaxserve_fp4_w4a8_matmul_kn",
+           "jaxserve_int8_head_matmul")
 # /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU
 # without avx512_bf16 builds the AVX2 kernels: every AVX-512 CPU has AVX2 and FMA too.)
 CPU_FLAG_SETS = {"AVX-512": ("avx512f", "avx512bw"), "AVX2+FMA": ("avx2", "fma")}

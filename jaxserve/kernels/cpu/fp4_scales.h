@@ -1,4 +1,4 @@
-// Decoding block-scaled FP4's scale bytes in AVX-512 registers; shared by matmul.cc and w4a8.cc.
+// Decoding block-scaled FP4's scale bytes in AVX-512 registers; shared by matmul.cc and vnni.cc.
 #ifndef JAXSERVE_KERNELS_CPU_FP4_SCALES_H_
 #define JAXSERVE_KERNELS_CPU_FP4_SCALES_H_
 

@@ -203,7 +203,7 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
 def fp4_w4a8_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
     """x f32/bf16/f16[..., K] @ w (nvfp4/mxfp4 QuantizedTensor [K, N] along K, block size a multiple of 4) with x
     quantized to int8 on w's blocks (W4A8, ``jaxserve.quant.w4a8``) -> out_dtype[..., N] (default x's dtype), on
-    AVX-512 VNNI (``w4a8.cc``): each block's products summed exactly in integers, the blocks' sums scaled and summed
+    AVX-512 VNNI (``vnni.cc``): each block's products summed exactly in integers, the blocks' sums scaled and summed
     in float32, so ``w4a8_matmul_reference`` up to float32 rounding. Needs ``w4a8_usable()``."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)

@@ -1,5 +1,7 @@
-// W4A8 on CPU: block-scaled FP4 weights (nvfp4 / mxfp4) times activations quantized to int8, for decoding (few rows).
+// Integer dot products on AVX-512 VNNI (vpdpbusd), for decoding (few rows): weights times activations quantized to
+// int8, as XLA FFI handlers.
 //
+//   jaxserve_int8_head_matmul:    an LM head in int8 (W8A8), see its section below and jaxserve/kernels/cpu/int8_head.py
 //   jaxserve_fp4_w4a8_matmul_kn:  y f32[M, N] = quant8(x) @ dequant(w)
 //       x f32[M, K]; codes u8[K/2, N] (element 2i in the low nibble of row i, 2i+1 in the high one), scales [K/bs, N]
 //       as stored (u8 E8M0 bytes: scale_kind 1; float8_e4m3fn or u8 E4M3 bytes: 0), tensor_scale f32[]; bs % 4 == 0.
@@ -39,29 +41,32 @@ namespace {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr bool kHaveW4a8 = true;
 constexpr int64_t kStrip = 64;       // columns per strip
-constexpr int64_t kRowsAhead = 64;   // codes rows prefetched ahead
+constexpr int64_t kRowsAhead = 64;   // codes rows prefetched ahead (16 or 32: alike, one matmul in L3)
 constexpr int64_t kBlocksAhead = 4;  // scale rows prefetched ahead
 constexpr int kGroup = 4;            // rows of x per pass over a chunk (their integer sums: 16 registers)
 constexpr int64_t kMaxStrips = 8;    // strips per chunk at most (its float32 sums: 8 KB)
 
-// x quantized per block: q as 32-bit words of 4 int8 (k 4p, 4p + 2, 4p + 1, 4p + 3), [M][K/4]; per block, the
-// scale d * 0.5 (the weights are looked up as 2 * e2m1) and 12 * sum q (the weights' +12), [M][K/bs].
+// x quantized per block: q as 32-bit words of 4 int8, [M][Kp/4] (Kp: K rounded up to the block, zeros past K);
+// per block, its scale d times `d_factor`, and `weight_offset` * sum q, [M][Kp/bs]. `fp4_order`: a word holds
+// k (4p, 4p + 2, 4p + 1, 4p + 3), as unsigned_weights unpacks two codes rows; else k 4p .. 4p + 3.
 struct Activations {
   std::vector<uint32_t> q;
-  std::vector<float> half_d;
+  std::vector<float> d;
   std::vector<int32_t> offset;
 };
 
-Activations quantize_x(const float* x, int64_t M, int64_t K, int64_t bs) {
-  const int64_t nb = K / bs;
-  Activations a{std::vector<uint32_t>(M * K / 4), std::vector<float>(M * nb), std::vector<int32_t>(M * nb)};
+Activations quantize_x(const float* x, int64_t M, int64_t K, int64_t bs, int32_t weight_offset, float d_factor,
+                       bool fp4_order) {
+  const int64_t nb = (K + bs - 1) / bs, Kp = nb * bs;
+  Activations a{std::vector<uint32_t>(M * Kp / 4), std::vector<float>(M * nb), std::vector<int32_t>(M * nb)};
+  std::vector<float> xb(bs);
   std::vector<int8_t> q(bs);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + m * K + b * bs;
       float amax = 0.f;
       bool finite = true;
       for (int64_t k = 0; k < bs; ++k) {
+        xb[k] = b * bs + k < K ? x[m * K + b * bs + k] : 0.f;
         finite &= std::isfinite(xb[k]);
         amax = std::max(amax, std::fabs(xb[k]));
       }
@@ -71,12 +76,14 @@ Activations quantize_x(const float* x, int64_t M, int64_t K, int64_t bs) {
         q[k] = int8_t(std::clamp(std::nearbyint(xb[k] * inv), -127.f, 127.f));  // default rounding: ties to even
         sum += q[k];
       }
-      a.half_d[m * nb + b] = finite ? amax / 127.f * 0.5f : NAN;
-      a.offset[m * nb + b] = 12 * sum;
+      a.d[m * nb + b] = finite ? amax / 127.f * d_factor : NAN;
+      a.offset[m * nb + b] = weight_offset * sum;
       for (int64_t p = 0; p < bs / 4; ++p) {
         const uint8_t* v = reinterpret_cast<const uint8_t*>(q.data() + 4 * p);
-        a.q[(m * K + b * bs) / 4 + p] = uint32_t(v[0]) | uint32_t(v[2]) << 8 | uint32_t(v[1]) << 16 |
-                                        uint32_t(v[3]) << 24;
+        a.q[(m * Kp + b * bs) / 4 + p] = fp4_order ? uint32_t(v[0]) | uint32_t(v[2]) << 8 | uint32_t(v[1]) << 16 |
+                                                         uint32_t(v[3]) << 24
+                                                   : uint32_t(v[0]) | uint32_t(v[1]) << 8 | uint32_t(v[2]) << 16 |
+                                                         uint32_t(v[3]) << 24;
       }
     }
   }
@@ -182,7 +189,7 @@ void chunk(const Activations& a, int64_t m0, int64_t K, int64_t bs, const uint8_
       }
       for (int g = 0; g < G; ++g) {
         const __m512i offset = _mm512_set1_epi32(a.offset[(m0 + g) * nb + b]);
-        const __m512 half_d = _mm512_set1_ps(a.half_d[(m0 + g) * nb + b] * multiplier);
+        const __m512 half_d = _mm512_set1_ps(a.d[(m0 + g) * nb + b] * multiplier);
         float* sg = sums + g * row + st * kStrip;
         for (int j = 0; j < 4; ++j)
           _mm512_store_ps(sg + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[g][j], offset)),
@@ -210,7 +217,7 @@ template <int kKind>
 void w4a8_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint8_t* codes,
              const uint8_t* scales, int64_t bs, float ts, int64_t N, float* y, int64_t threads) {
   if (M == 0 || N == 0) return;
-  const Activations a = quantize_x(x, M, K, bs);
+  const Activations a = quantize_x(x, M, K, bs, 12, 0.5f, true);  // weights 2 e2m1 + 12
   const __m512i table = weight_table();
   // Chunks of whole strips, their count a multiple of the threads, at most kMaxStrips strips each.
   const int64_t t = std::max<int64_t>(threads, 1), all = (N + kStrip - 1) / kStrip;
@@ -228,6 +235,67 @@ void w4a8_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
         case 2: run(std::integral_constant<int, 2>()); break;
         case 3: run(std::integral_constant<int, 3>()); break;
         default: run(std::integral_constant<int, 4>()); break;
+      }
+    }
+  });
+}
+
+// ---- W8A8: an LM head's int8 weights (per output row scales) times x quantized to int8 in blocks of 32 ----
+// panels u8[ceil(N/16), Kp/4 * 64]: panel p holds columns 16 p .. 16 p + 15, k-group j (k 4j .. 4j + 3) at bytes
+// 64 j + 4 c + i: w[16 p + c, 4 j + i] + 128 (unsigned; zeros past N and K stored as 128). scales f32[N].
+// y[m, n] = scale[n] * sum_b d[m, b] * (sum_{k in b} (w + 128) q - 128 sum_{k in b} q): exact integer block sums.
+constexpr int64_t kHeadBlock = 32;    // k per scale of x
+constexpr int kHeadGroup = 2;         // rows of x per pass (integer and float sums in registers: 16)
+constexpr int64_t kHeadPanels = 4;    // panels per pass (64 columns)
+constexpr int64_t kHeadChunk = 16;    // passes per work chunk (1024 columns)
+
+template <int G>
+void head_pass(const Activations& a, int64_t m0, int64_t Kp, const uint8_t* panels, const float* scale, int64_t N,
+               int64_t p0, float* y) {
+  const int64_t nb = Kp / kHeadBlock, groups = Kp / 4;
+  __m512 sums[G][kHeadPanels];
+  for (int g = 0; g < G; ++g)
+    for (int p = 0; p < kHeadPanels; ++p) sums[g][p] = _mm512_setzero_ps();
+  const uint8_t* base = panels + p0 * groups * 64;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[G][kHeadPanels];
+    for (int g = 0; g < G; ++g)
+      for (int p = 0; p < kHeadPanels; ++p) isum[g][p] = _mm512_setzero_si512();
+    for (int64_t j = b * kHeadBlock / 4; j < (b + 1) * kHeadBlock / 4; ++j) {
+      for (int p = 0; p < kHeadPanels; ++p) {
+        const uint8_t* w = base + (p * groups + j) * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(w + 8 * 64), _MM_HINT_T0);
+        const __m512i wv = _mm512_loadu_si512(w);
+        for (int g = 0; g < G; ++g)
+          isum[g][p] = _mm512_dpbusd_epi32(isum[g][p], wv, _mm512_set1_epi32(int(a.q[(m0 + g) * groups + j])));
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512i offset = _mm512_set1_epi32(a.offset[(m0 + g) * nb + b]);
+      const __m512 d = _mm512_set1_ps(a.d[(m0 + g) * nb + b]);
+      for (int p = 0; p < kHeadPanels; ++p)
+        sums[g][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[g][p], offset)), d, sums[g][p]);
+    }
+  }
+  for (int p = 0; p < kHeadPanels; ++p) {
+    const int64_t n0 = (p0 + p) * 16;
+    const __mmask16 mask = tail_mask16(N - n0);
+    const __m512 s = _mm512_maskz_loadu_ps(mask, scale + n0);
+    for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(y + (m0 + g) * N + n0, mask, _mm512_mul_ps(sums[g][p], s));
+  }
+}
+
+void int8_head(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint8_t* panels, const float* scale,
+               int64_t N, float* y, int64_t threads) {
+  if (M == 0 || N == 0) return;
+  const Activations a = quantize_x(x, M, K, kHeadBlock, 128, 1.f, false);  // weights w + 128
+  const int64_t Kp = (K + kHeadBlock - 1) / kHeadBlock * kHeadBlock, npanels = (N + 15) / 16;
+  const int64_t passes = (npanels + kHeadPanels - 1) / kHeadPanels;  // panels are padded to whole passes
+  jaxserve::parallel_chunks(pool, (passes + kHeadChunk - 1) / kHeadChunk, threads, [&](int64_t c) {
+    for (int64_t pass = c * kHeadChunk; pass < std::min(passes, (c + 1) * kHeadChunk); ++pass) {
+      for (int64_t m = 0; m < M; m += kHeadGroup) {
+        if (M - m >= 2) head_pass<2>(a, m, Kp, panels, scale, N, pass * kHeadPanels, y);
+        else head_pass<1>(a, m, Kp, panels, scale, N, pass * kHeadPanels, y);
       }
     }
   });
@@ -256,6 +324,20 @@ ffi::Error Fp4W4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::
   return ffi::Error::Success();
 }
 
+ffi::Error Int8HeadMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> panels,
+                          ffi::Buffer<ffi::F32, 1> scale, ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
+  if (!kHaveW4a8)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented, "int8_head_matmul: built without AVX-512 VNNI");
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = scale.dimensions()[0];
+  const int64_t Kp = (K + 31) / 32 * 32, passes = ((N + 15) / 16 + 3) / 4;
+  if (panels.dimensions()[0] != passes * 4 || panels.dimensions()[1] != Kp * 16 || y->dimensions()[1] != N)
+    return ffi::Error::InvalidArgument("int8_head_matmul: panels must be u8[ceil(N / 64) * 4, round_up(K, 32) * 16]");
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  int8_head(pool, x.typed_data(), M, K, panels.typed_data(), scale.typed_data(), N, y->typed_data(), threads);
+#endif
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // Whether this build has the W4A8 kernel (AVX-512 F + BW + VNNI); the handler fails without it.
@@ -265,6 +347,16 @@ extern "C" int jaxserve_w4a8_available() { return kHaveW4a8 ? 1 : 0; }
 using W4a8F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using W4a8U8Matrix = ffi::Buffer<ffi::U8, 2>;
 using W4a8F32Scalar = ffi::Buffer<ffi::F32, 0>;
+using W4a8F32Vector = ffi::Buffer<ffi::F32, 1>;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_int8_head_matmul, Int8HeadMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<W4a8F32Matrix>()
+                                  .Arg<W4a8U8Matrix>()
+                                  .Arg<W4a8F32Vector>()
+                                  .Ret<W4a8F32Matrix>()
+                                  .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_fp4_w4a8_matmul_kn, Fp4W4a8Matmul,
                               ffi::Ffi::Bind()
