@@ -15,6 +15,7 @@ class PerplexityConfig:
     batch_size: int = 8
     impl: str = "reference"            # quantized matmul: "reference" (dequantize + f32 dot), "pallas", "auto"
     lm_head: bool = False              # weights-only rows also quantize the LM head (a tied one: the embedding along E)
+    int8_head: bool = False            # quantized rows read the LM head in int8 (lm_head_quantization="int8")
     # pallas_kernels.fp4.quant_error.VARIANTS keys; a "_w4a4" suffix also fake-quantizes activations to the weight's
     # format, "_w4a8" to int8 on its blocks (jaxserve.quant.w4a8)
     variants: tuple = ("nvfp4", "nvfp4_w4a4", "mxfp4_floor", "mxfp4_floor_w4a4", "mxfp4_ceil",

@@ -123,7 +123,10 @@ def report_model(out, model, config, val, stream_len, by_source, claims, sources
                 "Weights-only rows quantize every Dense kernel but embed/lm_head (\"kernels\": quantized/all) and ") +
              "compute in float32; `_w4a4` rows also fake-quantize each Dense input (NVFP4: one tensor scale per "
              "Dense call over the whole batch); `_w4a8` rows quantize each Dense input to int8 on the weight's blocks "
-             "(llama.cpp's Q8 rule, `activation_quantization=\"int8\"`). bits/weight counts codes + block scales + tensor scale of the "
+             "(llama.cpp's Q8 rule, `activation_quantization=\"int8\"`)"
+             + ("; every quantized row reads the LM head in int8 (`lm_head_quantization=\"int8\"`: one scale a "
+                "vocabulary row, activations in int8 blocks of 32)" if cfg.int8_head else "")
+             + ". bits/weight counts codes + block scales + tensor scale of the "
              f"quantized kernels; MB is the whole params pytree. Δ loss is paired against {ref['variant']} on the "
              "same windows: mean ± 2 standard errors of the per-window difference; ppl vs ref in %.")
     for source, rows in by_source.items():

@@ -22,6 +22,7 @@ from experiments.fp4_perplexity.kernel_check import kernel_vs_reference, split_v
 from experiments.fp4_perplexity.report import claim_rows, plot, report_model, source_rows, with_paired_delta
 from experiments.harness import ROOT
 from jaxserve.models.loading import resolve_model
+from jaxserve.kernels.cpu.int8_head import with_int8_head
 from jaxserve.quant import kernel_plan, quantization_report, quantize_params, weight_bytes
 from jaxserve.quant.evaluate import activation_error, dense_inputs, perplexity, weight_error
 from jaxserve.train.data import encode_split, windows
@@ -90,6 +91,8 @@ def source_params(params, source: str):
 def measure_variant(name, config, params, val, cfg):
     fmt, opts = VARIANTS[split_variant(name)[0]]
     qparams = quantize_params(params, fmt, lm_head=cfg.lm_head, **opts)
+    if cfg.int8_head:  # what EngineConfig.lm_head_quantization="int8" serves (kernels.cpu.int8_head)
+        qparams = with_int8_head(qparams, config.tie_word_embeddings)
     report = quantization_report(params, qparams)
     plan = kernel_plan(params, fmt, **opts)
     row = perplexity(qparams, config, val, variant_settings(cfg.impl, name), cfg.batch_size)

@@ -106,8 +106,8 @@ class BucketPolicy:
 
     ``live_pages_only``: the attention's cost follows live pages, not the table width (the XLA
     path), so one table width (the longest) serves every step; with that many fewer programs,
-    decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64)
-    and small ones (1, 2, 4) for low-load latency. ``lookahead``: γ of a speculative runner.
+    decode batches can afford half-octave buckets (a draining batch of 33 runs as 48, not 64).
+    Either way decode batches have small buckets (1, 2, 4) for low-load latency. ``lookahead``: γ of a speculative runner.
     ``narrow_rounds``: its drafts are made on the host (suffix decoding), so a round can verify only as many
     slots as its longest draft: ``round_widths`` are γ and every half of it down to 1 (γ 16: 1, 2, 4, 8, 16),
     so a round with short drafts costs a short verify (most host drafts are 0-4 tokens; one of 5 verifies 8
@@ -126,8 +126,10 @@ class BucketPolicy:
         self.page_buckets = self._pages(-(-max_model_len // block_size), block_size, live_pages_only)
         if live_pages_only:
             self.seq_buckets = decode_batch_buckets(max_num_seqs)
-        else:
-            self.seq_buckets = powers_of_two(min(8, max_num_seqs), max_num_seqs)
+        else:  # 1, 2 and 4 too: a lone request in an 8-row program paid for 8 rows of every matmul (SmolLM2 W4A8 at
+            # batch 1 on CPU: its VNNI kernels decode weights once per 4 rows, the int8 head reads itself per 2)
+            self.seq_buckets = [b for b in (1, 2, 4) if b < min(8, max_num_seqs)] + powers_of_two(
+                min(8, max_num_seqs), max_num_seqs)
         # a round's table reaches γ slots past the last token; 1 and 2 rows too: speculation pays at low load
         self.round_page_buckets = self._pages(-(-(max_model_len + lookahead) // block_size), block_size,
                                               live_pages_only)

@@ -29,3 +29,23 @@ def test_decode_batch_buckets_start_at_one():
     assert decode_batch_buckets(4) == [1, 2, 4]
     assert decode_batch_buckets(3) == [1, 2, 3]
     assert decode_batch_buckets(1) == [1]
+
+
+def test_decode_buckets_start_at_one_for_every_attention_backend():
+    """A lone request decodes in a 1-row program whether the attention reads live pages only (the XLA path) or the
+    table's width (the CPU and Pallas kernels): an 8-row one made the VNNI kernels decode their weights twice and
+    read the int8 head four times a token."""
+    from jaxserve.engine.batching import BucketPolicy
+
+    def policy(live, max_num_seqs=64):
+        return BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, max_model_len=512, block_size=16,
+                            live_pages_only=live)
+    assert policy(True).seq_buckets[:3] == [1, 2, 4]
+    assert policy(False).seq_buckets == [1, 2, 4, 8, 16, 32, 64]
+    assert policy(False, 4).seq_buckets == [1, 2, 4] and policy(False, 1).seq_buckets == [1]
+    assert policy(False).step([_Entry(3)], 1) == (1, 1, 8, True)
+
+
+class _Entry:
+    def __init__(self, pages):
+        self.block_table, self.token_ids = [0] * pages, [7]
