@@ -39,6 +39,7 @@ from pallas_kernels.fp4 import QuantizedTensor, dequantize, fp4_matmul, fp4_matm
 IMPLS = ("auto", "pallas", "mosaic", "reference")
 KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
 _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS: more rows of x keep the dequantize-then-dot reference
+_W4A8_MAX_ROWS = 4096  # fp4_w4a8_matmul_cpu: any rows (a prefill too, each block decoded once per 64 rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +119,9 @@ def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings 
     x = jnp.asarray(x)
     kernel = kernel_for(x.dtype, w, settings)
     if settings.w4a8:
-        few_rows = math.prod(x.shape[:-1]) <= _CPU_MAX_ROWS
-        if kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and w.block_size % 4 == 0 and few_rows:
+        rows = math.prod(x.shape[:-1])
+        if (kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and w.block_size % 4 == 0 and w.block_size <= 64
+                and rows <= _W4A8_MAX_ROWS):
             from jaxserve.kernels.cpu import fp4_w4a8_matmul_cpu
             return fp4_w4a8_matmul_cpu(x, w, out_dtype=out_dtype)
         from jaxserve.quant.w4a8 import w4a8_matmul_reference

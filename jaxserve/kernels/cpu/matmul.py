@@ -201,16 +201,16 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
 
 
 def fp4_w4a8_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
-    """x f32/bf16/f16[..., K] @ w (nvfp4/mxfp4 QuantizedTensor [K, N] along K, block size a multiple of 4) with x
+    """x f32/bf16/f16[..., K] @ w (nvfp4/mxfp4 QuantizedTensor [K, N] along K, blocks of 4 .. 64, a multiple of 4) with x
     quantized to int8 on w's blocks (W4A8, ``jaxserve.quant.w4a8``) -> out_dtype[..., N] (default x's dtype), on
     AVX-512 VNNI (``vnni.cc``): each block's products summed exactly in integers, the blocks' sums scaled and summed
     in float32, so ``w4a8_matmul_reference`` up to float32 rounding. Needs ``w4a8_usable()``."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)
     if (not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS or len(w.shape) != 2 or w.axis != 0
-            or w.block_size % 4):
+            or w.block_size % 4 or w.block_size > 64):
         raise ValueError(f"fp4_w4a8_matmul_cpu needs a 2-D nvfp4/mxfp4 QuantizedTensor along axis 0 in blocks of a "
-                         f"multiple of 4, got {getattr(w, 'fmt', type(w))!r} shape {getattr(w, 'shape', None)} "
+                         f"multiple of 4 up to 64, got {getattr(w, 'fmt', type(w))!r} shape {getattr(w, 'shape', None)} "
                          f"axis {getattr(w, 'axis', None)} block size {getattr(w, 'block_size', None)}")
     k, n = w.shape
     if x.ndim < 1 or x.shape[-1] != k:

@@ -45,6 +45,8 @@ constexpr int64_t kRowsAhead = 64;   // codes rows prefetched ahead (16 or 32: a
 constexpr int64_t kBlocksAhead = 4;  // scale rows prefetched ahead
 constexpr int kGroup = 4;            // rows of x per pass over a chunk (their integer sums: 16 registers)
 constexpr int64_t kMaxStrips = 8;    // strips per chunk at most (its float32 sums: 8 KB)
+constexpr int64_t kRowsPerPass = 64;  // rows of x per decoding of the weights (more rows: prefill)
+constexpr int64_t kMaxBlock = 64;     // block sizes up to this (nvfp4 16, mxfp4 32)
 
 // x quantized per block: q as 32-bit words of 4 int8, [M][Kp/4] (Kp: K rounded up to the block, zeros past K);
 // per block, its scale d times `d_factor`, and `weight_offset` * sum q, [M][Kp/bs]. `fp4_order`: a word holds
@@ -156,6 +158,17 @@ inline void strip_scales(const uint8_t* srow, __mmask64 mask, __m512 (&s)[4]) {
   }
 }
 
+// A strip's 64 float32 sums (unsigned_weights' column order) to y[0 .. left): a 4 x 4 transpose of 128-bit lanes.
+inline void store_strip(const float* sums, float* y, int64_t left) {
+  const __m512 o[4] = {_mm512_load_ps(sums), _mm512_load_ps(sums + 16), _mm512_load_ps(sums + 32),
+                       _mm512_load_ps(sums + 48)};
+  const __m512 p = _mm512_shuffle_f32x4(o[0], o[1], 0x44), q = _mm512_shuffle_f32x4(o[2], o[3], 0x44),
+               u = _mm512_shuffle_f32x4(o[0], o[1], 0xEE), v = _mm512_shuffle_f32x4(o[2], o[3], 0xEE);
+  const __m512 out[4] = {_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD),
+                         _mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD)};
+  for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(y + 16 * j, tail_mask16(left - 16 * j), out[j]);
+}
+
 // Columns [n0, n0 + width) (width <= kMaxStrips * 64) for rows [m0, m0 + G) of x: block by block, strip by strip
 // within a block (the codes read row by row, as stored), each strip's integer sums in registers and its float32 sums
 // in `sums` (G x strips x 64, L1).
@@ -197,20 +210,69 @@ void chunk(const Activations& a, int64_t m0, int64_t K, int64_t bs, const uint8_
       }
     }
   }
-  for (int g = 0; g < G; ++g) {
-    for (int64_t st = 0; st < strips; ++st) {  // unsigned_weights' column order back: a 4 x 4 transpose of 128-bit lanes
-      const float* sg = sums + g * row + st * kStrip;
-      const __m512 o[4] = {_mm512_load_ps(sg), _mm512_load_ps(sg + 16), _mm512_load_ps(sg + 32),
-                           _mm512_load_ps(sg + 48)};
-      const __m512 p = _mm512_shuffle_f32x4(o[0], o[1], 0x44), q = _mm512_shuffle_f32x4(o[2], o[3], 0x44),
-                   u = _mm512_shuffle_f32x4(o[0], o[1], 0xEE), v = _mm512_shuffle_f32x4(o[2], o[3], 0xEE);
-      const __m512 out[4] = {_mm512_shuffle_f32x4(p, q, 0x88), _mm512_shuffle_f32x4(p, q, 0xDD),
-                             _mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD)};
-      float* yr = y + (m0 + g) * N + n0 + st * kStrip;
-      const int64_t left = width - st * kStrip;
-      for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(yr + 16 * j, tail_mask16(left - 16 * j), out[j]);
+  for (int g = 0; g < G; ++g)
+    for (int64_t st = 0; st < strips; ++st)
+      store_strip(sums + g * row + st * kStrip, y + (m0 + g) * N + n0 + st * kStrip, width - st * kStrip);
+}
+
+// Many rows of x: each block of each strip decoded once (into L1), then multiplied with the rows 4 at a time.
+template <int G>
+inline void block_rows(const Activations& a, int64_t m0, int64_t K, int64_t nb, int64_t b, int64_t pairs,
+                       const __m512i (*w)[4], const __m512 (&s)[4], float multiplier, float* sums, int64_t row) {
+  __m512i isum[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) isum[g][j] = _mm512_setzero_si512();
+  for (int64_t p = 0; p < pairs; ++p) {
+    for (int g = 0; g < G; ++g) {
+      const __m512i xq = _mm512_set1_epi32(int(a.q[(m0 + g) * K / 4 + b * pairs + p]));
+      for (int j = 0; j < 4; ++j) isum[g][j] = _mm512_dpbusd_epi32(isum[g][j], w[p][j], xq);
     }
   }
+  for (int g = 0; g < G; ++g) {
+    const __m512i offset = _mm512_set1_epi32(a.offset[(m0 + g) * nb + b]);
+    const __m512 d = _mm512_set1_ps(a.d[(m0 + g) * nb + b] * multiplier);
+    float* sg = sums + g * row;
+    for (int j = 0; j < 4; ++j)
+      _mm512_store_ps(sg + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[g][j], offset)),
+                                                   _mm512_mul_ps(s[j], d), _mm512_load_ps(sg + 16 * j)));
+  }
+}
+
+// Rows [m0, m0 + rows) of x over columns [n0, n0 + width): the blocks in order, the strips within each.
+template <int kKind>
+void chunk_many(const Activations& a, int64_t m0, int64_t rows, int64_t K, int64_t bs, const uint8_t* codes,
+                const uint8_t* scales, int64_t N, int64_t n0, int64_t width, float ts, __m512i table, float* sums,
+                float* y) {
+  const float multiplier = kKind == 0 ? ts * 256.f : ts;
+  const int64_t nb = K / bs, pairs = bs / 4, strips = (width + kStrip - 1) / kStrip, row = strips * kStrip;
+  std::fill_n(sums, rows * row, 0.f);
+  __m512i w[kMaxBlock / 4][4];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t st = 0; st < strips; ++st) {
+      const int64_t c = n0 + st * kStrip;
+      const __mmask64 mask = tail_mask64(width - st * kStrip);
+      __m512 s[4];
+      strip_scales<kKind>(scales + b * N + c, mask, s);
+      for (int64_t p = 0; p < pairs; ++p) {
+        const uint8_t* r = codes + 2 * (b * pairs + p) * N + c;
+        _mm_prefetch(reinterpret_cast<const char*>(r + bs * N), _MM_HINT_T0);  // the next block's rows
+        _mm_prefetch(reinterpret_cast<const char*>(r + (bs + 1) * N), _MM_HINT_T0);
+        unsigned_weights(_mm512_maskz_loadu_epi8(mask, r), _mm512_maskz_loadu_epi8(mask, r + N), table, w[p]);
+      }
+      for (int64_t g = 0; g < rows; g += kGroup) {
+        float* sg = sums + g * row + st * kStrip;
+        switch (std::min<int64_t>(kGroup, rows - g)) {
+          case 1: block_rows<1>(a, m0 + g, K, nb, b, pairs, w, s, multiplier, sg, row); break;
+          case 2: block_rows<2>(a, m0 + g, K, nb, b, pairs, w, s, multiplier, sg, row); break;
+          case 3: block_rows<3>(a, m0 + g, K, nb, b, pairs, w, s, multiplier, sg, row); break;
+          default: block_rows<4>(a, m0 + g, K, nb, b, pairs, w, s, multiplier, sg, row); break;
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < rows; ++g)
+    for (int64_t st = 0; st < strips; ++st)
+      store_strip(sums + g * row + st * kStrip, y + (m0 + g) * N + n0 + st * kStrip, width - st * kStrip);
 }
 
 template <int kKind>
@@ -224,18 +286,24 @@ void w4a8_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
   const int64_t count = (all + t * kMaxStrips - 1) / (t * kMaxStrips) * t;
   const int64_t per = (all + count - 1) / count;
   jaxserve::parallel_chunks(pool, (all + per - 1) / per, threads, [&](int64_t c) {
-    alignas(64) float sums[kGroup * kMaxStrips * kStrip];
     const int64_t n0 = c * per * kStrip, width = std::min(per * kStrip, N - n0);
-    for (int64_t m = 0; m < M; m += kGroup) {
-      const auto run = [&](auto g) {
-        chunk<kKind, decltype(g)::value>(a, m, K, bs, codes, scales, N, n0, width, ts, table, sums, y);
-      };
-      switch (std::min<int64_t>(kGroup, M - m)) {
-        case 1: run(std::integral_constant<int, 1>()); break;
-        case 2: run(std::integral_constant<int, 2>()); break;
-        case 3: run(std::integral_constant<int, 3>()); break;
-        default: run(std::integral_constant<int, 4>()); break;
-      }
+    if (M > kGroup) {  // each block decoded once for up to kRowsPerPass rows
+      std::vector<float> sums(std::min(M, kRowsPerPass) * per * kStrip + 16);
+      float* aligned = sums.data() + (16 - reinterpret_cast<uintptr_t>(sums.data()) / 4 % 16) % 16;
+      for (int64_t m = 0; m < M; m += kRowsPerPass)
+        chunk_many<kKind>(a, m, std::min(kRowsPerPass, M - m), K, bs, codes, scales, N, n0, width, ts, table, aligned,
+                          y);
+      return;
+    }
+    alignas(64) float sums[kGroup * kMaxStrips * kStrip];
+    const auto run = [&](auto g) {
+      chunk<kKind, decltype(g)::value>(a, 0, K, bs, codes, scales, N, n0, width, ts, table, sums, y);
+    };
+    switch (M) {
+      case 1: run(std::integral_constant<int, 1>()); break;
+      case 2: run(std::integral_constant<int, 2>()); break;
+      case 3: run(std::integral_constant<int, 3>()); break;
+      default: run(std::integral_constant<int, 4>()); break;
     }
   });
 }
@@ -313,7 +381,7 @@ ffi::Error Fp4W4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::
   if (scales.dimensions().size() != 2 ||
       (scales.element_type() != ffi::DataType::U8 && scales.element_type() != ffi::DataType::F8E4M3FN))
     return ffi::Error::InvalidArgument("fp4_w4a8_matmul_kn: scales must be a 2-D u8 or float8_e4m3fn buffer");
-  if (block_size < 4 || block_size % 4 || K % block_size || codes.dimensions()[0] * 2 != K ||
+  if (block_size < 4 || block_size % 4 || block_size > 64 || K % block_size || codes.dimensions()[0] * 2 != K ||
       scales.dimensions()[0] * block_size != K || scales.dimensions()[1] != N || (scale_kind != 0 && scale_kind != 1))
     return ffi::Error::InvalidArgument("fp4_w4a8_matmul_kn: shapes do not fit the block size");
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
