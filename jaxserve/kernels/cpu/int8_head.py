@@ -1,5 +1,5 @@
 """An LM head in int8 (W8A8): weights int8 with one scale per output row (vocabulary entry), activations quantized to
-int8 in blocks of 32 (``jaxserve.quant.w4a8.quantize_activations``), products summed exactly in integers by AVX-512
+int8 in blocks of 32 (``jaxserve.kernels.cpu.q8``), products summed exactly in integers by AVX-512
 VNNI (``vnni.cc``'s ``jaxserve_int8_head_matmul``) for up to ``MAX_ROWS`` rows, by the reference (the same numbers
 dequantized, a float32 dot) for more.
 
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.kernels.cpu.matmul import MAX_ROWS, default_threads, w4a8_usable
+from jaxserve.kernels.cpu.q8 import dequantize_activations, quantize_activations
 
 X_BLOCK = 32  # k per scale of the activations
 
@@ -80,7 +81,6 @@ def with_int8_head(params: Mapping, tied: bool) -> dict:
 def int8_head_reference(x: jax.Array, head: Int8Head) -> jax.Array:
     """x f32/bf16[M, K] -> f32[M, N]: x quantized to int8 in blocks of 32 (zeros past K), times the dequantized
     weights, a float32 dot: what the kernel computes, up to float32 rounding."""
-    from jaxserve.quant.w4a8 import dequantize_activations, quantize_activations
     n, k = head.shape
     xp = jnp.pad(jnp.asarray(x, jnp.float32), ((0, 0), (0, _round_up(k, X_BLOCK) - k)))
     xq = dequantize_activations(*quantize_activations(xp, X_BLOCK))[:, :k]

@@ -8,7 +8,7 @@
 //
 // quant8 is llama.cpp's Q8 activations on the weight's blocks: per row m and block b of bs k, d = amax / 127 and
 // q = rint(x * (127 / amax)) in [-127, 127] (float32 ops, ties to even; a block of zeros: d = 0, q = 0; a block with
-// a NaN or an infinity: d = NaN), so quant8(x) = q * d, what jaxserve.quant.w4a8.quantize_activations computes.
+// a NaN or an infinity: d = NaN), so quant8(x) = q * d, what jaxserve.kernels.cpu.q8.quantize_activations computes.
 // y[m, n] = sum_b d[m, b] * s[b, n] * sum_k q[m, k] * e2m1(w[k, n]): the inner sums are exact integers (vpdpbusd),
 // only the float32 sums over blocks round. Why: the bf16 weight-only kernel (matmul.cc) spends its time decoding
 // E2M1 to bf16 pairs, 12 shuffles a 128 weights; here 5 (the codes looked up as int8, 4 k a 32-bit lane).
