@@ -21,7 +21,8 @@
 //
 // Work: chunks of up to 8 strips of 64 columns (a strip: one 64-byte line of each codes row) on XLA's intra-op pool
 // (parallel_chunks); a chunk walks the blocks in order, the strips within each (the codes read row by row, as
-// stored), for up to 4 rows of x at a time.
+// stored): up to 4 rows of x with the weights decoded into registers; more rows (a prefill) decode each block of
+// each strip once into L1 and multiply it with up to 64 rows, 4 at a time.
 #include <immintrin.h>
 
 #include <algorithm>
