@@ -39,7 +39,6 @@ from pallas_kernels.fp4 import QuantizedTensor, dequantize, fp4_matmul, fp4_matm
 IMPLS = ("auto", "pallas", "mosaic", "reference")
 KERNEL_FORMATS = ("nvfp4", "mxfp4")  # formats the Pallas kernels read; fp8/int4 dequantize then dot
 _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS: more rows of x keep the dequantize-then-dot reference
-_W4A8_MAX_ROWS = 4096  # fp4_w4a8_matmul_cpu: any rows (a prefill too, each block decoded once per 64 rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +73,7 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
     - "cpu" (``jaxserve.kernels.cpu.fp4_matmul_cpu``, an AVX-512 or AVX2 XLA FFI call that decodes the packed
       weight in registers; with w4a8, ``fp4_w4a8_matmul_cpu``, AVX-512 VNNI): impl="auto" on CPU when ``cpu_kernel`` (default: ``jaxserve.kernels.cpu.usable()``,
       off with ``JAXSERVE_CPU_KERNELS=0``); ``quantized_matmul`` uses it for up to 16 rows of x (decoding)
-      and the reference for more.
+      and the reference for more (W4A8: for any rows).
     - "mosaic" (``fp4_matmul_mosaic``, Mosaic GPU; its CPU interpreter off a GPU): impl="mosaic"; and
       impl="pallas"/"auto" on a Hopper GPU wherever the Mosaic kernel computes what was asked: bf16
       products (x in bf16, where they are exact, or precision="bfloat16"), no W4A4 emulation, no
@@ -94,7 +93,7 @@ def kernel_for(x_dtype, w: QuantizedTensor, settings: MatmulSettings, backend: s
             return "portable"
         if cpu_kernel is None:
             from jaxserve.kernels import cpu
-            cpu_kernel = cpu.w4a8_usable() if settings.w4a8 else cpu.usable()
+            cpu_kernel = cpu.vnni_usable() if settings.w4a8 else cpu.usable()
         return "cpu" if cpu_kernel and not settings.w4a4 and not settings.interpret else "reference"
     if settings.interpret:
         return "portable"
@@ -119,9 +118,8 @@ def quantized_matmul(x: jax.Array, w: QuantizedTensor, settings: MatmulSettings 
     x = jnp.asarray(x)
     kernel = kernel_for(x.dtype, w, settings)
     if settings.w4a8:
-        rows = math.prod(x.shape[:-1])
-        if (kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and w.block_size % 4 == 0 and w.block_size <= 64
-                and rows <= _W4A8_MAX_ROWS):
+        # the kernel takes any rows (a prefill too: each block decoded once per 64 rows)
+        if kernel == "cpu" and len(w.shape) == 2 and w.axis == 0 and w.block_size % 4 == 0 and w.block_size <= 64:
             from jaxserve.kernels.cpu import fp4_w4a8_matmul_cpu
             return fp4_w4a8_matmul_cpu(x, w, out_dtype=out_dtype)
         from jaxserve.quant.w4a8 import w4a8_matmul_reference

@@ -120,7 +120,7 @@ def test_w4a8_engine_matches_its_reference(fmt, monkeypatch):
     monkeypatch.setattr(cpu, "fp4_w4a8_matmul_cpu", lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k))
     tokens, logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, activation_quantization="int8",
                                                  **ENGINE))
-    assert kernel_calls or not cpu.w4a8_usable()
+    assert kernel_calls or not cpu.vnni_usable()
     calls = len(kernel_calls)
     ref_tokens, ref_logprobs = _generate(LLM.from_params(CONFIG, PARAMS, quantization=fmt, quant_impl="reference",
                                                          activation_quantization="int8", **ENGINE))
@@ -152,8 +152,8 @@ def test_int8_lm_head_engine_matches_its_reference(config, params, monkeypatch):
     kernel = int8_head.int8_head_matmul
     monkeypatch.setattr(int8_head, "int8_head_matmul", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     tokens, logprobs = _generate(LLM.from_params(config, params, lm_head_quantization="int8", **ENGINE))
-    assert calls or not cpu.w4a8_usable()
-    monkeypatch.setattr(int8_head, "w4a8_usable", lambda: False)
+    assert calls or not cpu.vnni_usable()
+    monkeypatch.setattr(int8_head, "vnni_usable", lambda: False)
     jax.clear_caches()  # the step programs are shared jits: trace them again without the kernel
     references = []
     reference = int8_head.int8_head_reference

@@ -10,7 +10,7 @@ from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.kernels.cpu.int8_head import int8_head_matmul, int8_head_reference, pack_int8_head, with_int8_head
 
 needs_vnni = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None
-                                or not cpu.w4a8_usable(), reason="no VNNI CPU kernel (needs AVX-512 VNNI)")
+                                or not cpu.vnni_usable(), reason="no VNNI CPU kernel (needs AVX-512 VNNI)")
 
 
 @pytest.mark.parametrize("n, k", [(200, 64), (130, 33), (49, 576)])

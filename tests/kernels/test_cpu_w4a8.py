@@ -13,7 +13,7 @@ from jaxserve.quant.w4a8 import dequantize_activations, quantize_activations, w4
 from pallas_kernels.fp4 import dequantize, fp4_matmul_reference, quantize
 
 needs_w4a8 = pytest.mark.skipif(build.unavailable_reason() is not None or cpu.build.load() is None
-                                or not cpu.w4a8_usable(), reason="no W4A8 CPU kernel (needs AVX-512 VNNI)")
+                                or not cpu.vnni_usable(), reason="no W4A8 CPU kernel (needs AVX-512 VNNI)")
 
 
 def _rel(got, want):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from jaxserve.kernels.cpu.matmul import MAX_ROWS, default_threads, w4a8_usable
+from jaxserve.kernels.cpu.matmul import MAX_ROWS, default_threads, vnni_usable
 from jaxserve.kernels.cpu.q8 import dequantize_activations, quantize_activations
 
 X_BLOCK = 32  # k per scale of the activations
@@ -88,12 +88,12 @@ def int8_head_reference(x: jax.Array, head: Int8Head) -> jax.Array:
 
 
 def int8_head_matmul(x: jax.Array, head: Int8Head, *, threads: int | None = None) -> jax.Array:
-    """x f32/bf16[M, K] -> f32[M, N] on the VNNI kernel (needs ``matmul.w4a8_usable()``): each block's products
+    """x f32/bf16[M, K] -> f32[M, N] on the VNNI kernel (needs ``matmul.vnni_usable()``): each block's products
     summed exactly in integers, blocks scaled and summed in float32, times the row's scale."""
     n, k = head.shape
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"int8_head_matmul: x must be [M, {k}] for a [{n}, {k}] head, got x{x.shape}")
-    if not w4a8_usable():
+    if not vnni_usable():
         raise RuntimeError("int8_head_matmul: the kernel is unavailable (the CPU kernels not built, or no "
                            "AVX-512 VNNI)")
     call = jax.ffi.ffi_call("jaxserve_int8_head_matmul", jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
@@ -104,6 +104,6 @@ def int8_head_matmul(x: jax.Array, head: Int8Head, *, threads: int | None = None
 def int8_head_logits(head: Int8Head, x: jax.Array) -> jax.Array:
     """x [..., K] -> f32[..., N]: the kernel for up to ``MAX_ROWS`` rows where it runs, else the reference."""
     x2 = x.reshape(-1, x.shape[-1])
-    few = x2.shape[0] <= MAX_ROWS and w4a8_usable()
+    few = x2.shape[0] <= MAX_ROWS and vnni_usable()
     y = int8_head_matmul(x2, head) if few else int8_head_reference(x2, head)
     return y.reshape(*x.shape[:-1], head.shape[0])

@@ -71,14 +71,15 @@ def amx_granted() -> bool:
     return bool(build.load().jaxserve_amx_enable())
 
 
-def w4a8_usable() -> bool:
-    """Whether ``fp4_w4a8_matmul_cpu`` can run now: ``usable()`` and a library built with AVX-512 VNNI."""
-    return usable() and _w4a8_built()
+def vnni_usable() -> bool:
+    """Whether the VNNI kernels (``fp4_w4a8_matmul_cpu``, ``int8_head``) can run now: ``usable()`` and a library
+    built with AVX-512 VNNI."""
+    return usable() and _vnni_built()
 
 
 @functools.lru_cache(maxsize=None)
-def _w4a8_built() -> bool:
-    return bool(build.load().jaxserve_w4a8_available())
+def _vnni_built() -> bool:
+    return bool(build.load().jaxserve_vnni_available())
 
 
 def default_threads() -> int:
@@ -167,6 +168,14 @@ def bf16_matmul_reference(x, w, *, transpose_w: bool = False):
                    precision=jax.lax.Precision.HIGHEST)
 
 
+def _scale_bytes(w) -> jax.Array:
+    """w's block scales as the FP4 kernels take them: u8 (E8M0) or float8_e4m3fn (NVFP4) as stored, their bytes read
+    in place (a bitcast to u8 in the graph would be a copy per call); any other 1-byte dtype bitcast."""
+    if w.scales.dtype in (jnp.uint8, jnp.float8_e4m3fn):
+        return w.scales
+    return jax.lax.bitcast_convert_type(w.scales, jnp.uint8)
+
+
 def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = None) -> jax.Array:
     """x f32/bf16/f16[..., K] @ w -> out_dtype[..., N]: w a QuantizedTensor (fmt nvfp4/mxfp4) of shape [K, N]
     quantized along K (axis 0), or of shape [N, K] quantized along K (axis 1: a tied embedding read as the LM head,
@@ -189,12 +198,9 @@ def fp4_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None = Non
         raise ValueError(f"fp4_matmul_cpu: x{x.shape} does not contract with w{w.shape} (axis {w.axis})")
     if build.load() is None:
         raise RuntimeError("fp4_matmul_cpu: the CPU kernels are unavailable (see the logged warning)")
-    scales = w.scales  # u8 (E8M0) or float8_e4m3fn (NVFP4): the kernel reads the bytes as stored
-    if scales.dtype not in (jnp.uint8, jnp.float8_e4m3fn):
-        scales = jax.lax.bitcast_convert_type(scales, jnp.uint8)
     call = jax.ffi.ffi_call(f"jaxserve_fp4_matmul_{'nk' if w.axis == 1 else 'kn'}",
                             jax.ShapeDtypeStruct((x.size // k, n), jnp.float32), vmap_method="sequential")
-    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, scales,
+    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, _scale_bytes(w),
              jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
              scale_kind=FP4_FORMATS[w.fmt], x_bf16=int(x.dtype == jnp.bfloat16), threads=threads or default_threads())
     return y.reshape(*x.shape[:-1], n).astype(out_dtype or x.dtype)
@@ -204,7 +210,7 @@ def fp4_w4a8_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None 
     """x f32/bf16/f16[..., K] @ w (nvfp4/mxfp4 QuantizedTensor [K, N] along K, blocks of 4 .. 64, a multiple of 4) with x
     quantized to int8 on w's blocks (W4A8, ``jaxserve.quant.w4a8``) -> out_dtype[..., N] (default x's dtype), on
     AVX-512 VNNI (``vnni.cc``): each block's products summed exactly in integers, the blocks' sums scaled and summed
-    in float32, so ``w4a8_matmul_reference`` up to float32 rounding. Needs ``w4a8_usable()``."""
+    in float32, so ``w4a8_matmul_reference`` up to float32 rounding. Needs ``vnni_usable()``."""
     from pallas_kernels.fp4 import QuantizedTensor
     x = jnp.asarray(x)
     if (not isinstance(w, QuantizedTensor) or w.fmt not in FP4_FORMATS or len(w.shape) != 2 or w.axis != 0
@@ -215,14 +221,12 @@ def fp4_w4a8_matmul_cpu(x: jax.Array, w, *, out_dtype=None, threads: int | None 
     k, n = w.shape
     if x.ndim < 1 or x.shape[-1] != k:
         raise ValueError(f"fp4_w4a8_matmul_cpu: x{x.shape} does not contract with w{w.shape}")
-    if not w4a8_usable():
+    if not vnni_usable():
         raise RuntimeError("fp4_w4a8_matmul_cpu: the kernel is unavailable (the CPU kernels not built, or no "
                            "AVX-512 VNNI)")
-    scales = w.scales if w.scales.dtype in (jnp.uint8, jnp.float8_e4m3fn) else jax.lax.bitcast_convert_type(
-        w.scales, jnp.uint8)
     call = jax.ffi.ffi_call("jaxserve_fp4_w4a8_matmul_kn", jax.ShapeDtypeStruct((x.size // k, n), jnp.float32),
                             vmap_method="sequential")
-    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, scales,
+    y = call(x.reshape(-1, k).astype(jnp.float32), w.data, _scale_bytes(w),
              jnp.asarray(w.tensor_scale, jnp.float32).reshape(()), block_size=w.block_size,
              scale_kind=FP4_FORMATS[w.fmt], threads=threads or default_threads())
     return y.reshape(*x.shape[:-1], n).astype(out_dtype or x.dtype)

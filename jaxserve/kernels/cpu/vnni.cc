@@ -40,7 +40,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-constexpr bool kHaveW4a8 = true;
+constexpr bool kHaveVnni = true;
 constexpr int64_t kStrip = 64;       // columns per strip
 constexpr int64_t kRowsAhead = 64;   // codes rows prefetched ahead (16 or 32: alike, one matmul in L3)
 constexpr int64_t kBlocksAhead = 4;  // scale rows prefetched ahead
@@ -370,13 +370,13 @@ void int8_head(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
   });
 }
 #else
-constexpr bool kHaveW4a8 = false;
+constexpr bool kHaveVnni = false;
 #endif
 
 ffi::Error Fp4W4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> codes,
                          ffi::AnyBuffer scales, ffi::Buffer<ffi::F32, 0> tensor_scale, ffi::ResultBuffer<ffi::F32, 2> y,
                          int64_t block_size, int64_t scale_kind, int64_t threads) {
-  if (!kHaveW4a8)
+  if (!kHaveVnni)
     return ffi::Error(ffi::ErrorCode::kUnimplemented, "fp4_w4a8_matmul_kn: built without AVX-512 VNNI");
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = codes.dimensions()[1];
   if (scales.dimensions().size() != 2 ||
@@ -395,7 +395,7 @@ ffi::Error Fp4W4a8Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::
 
 ffi::Error Int8HeadMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::U8, 2> panels,
                           ffi::Buffer<ffi::F32, 1> scale, ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
-  if (!kHaveW4a8)
+  if (!kHaveVnni)
     return ffi::Error(ffi::ErrorCode::kUnimplemented, "int8_head_matmul: built without AVX-512 VNNI");
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = scale.dimensions()[0];
   const int64_t Kp = (K + 31) / 32 * 32, passes = ((N + 15) / 16 + 3) / 4;
@@ -409,8 +409,8 @@ ffi::Error Int8HeadMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi:
 
 }  // namespace
 
-// Whether this build has the W4A8 kernel (AVX-512 F + BW + VNNI); the handler fails without it.
-extern "C" int jaxserve_w4a8_available() { return kHaveW4a8 ? 1 : 0; }
+// Whether this build has the VNNI kernels (AVX-512 F + BW + VNNI); their handlers fail without them.
+extern "C" int jaxserve_vnni_available() { return kHaveVnni ? 1 : 0; }
 
 // Aliases: the handler macro cannot take template arguments with commas.
 using W4a8F32Matrix = ffi::Buffer<ffi::F32, 2>;
