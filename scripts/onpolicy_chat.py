@@ -19,6 +19,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -50,6 +51,37 @@ QUESTIONS = (
     "What is the GPL license?", "How does git rebase differ from git merge?", "What is gravity?",
     "Write an email asking my manager for a day off.", "What are prime numbers?", "How do plants grow?",
 )
+# mix="edits": tasks whose answers copy their input, worded unlike experiments/spec_decoding/prompt_sets.py's
+# (whose code comes from the val split and whose text from tests/data/real_text: here the code is the train
+# split's and the text the target's own earlier answers, so no evaluation input is trained on)
+CODE_EDITS = ("Add comments to this Python code and return all of it:",
+              "Give the variables in this code more descriptive names. Return the complete code:",
+              "Add Python type annotations to this code and show the full result:",
+              "Clean up the formatting of this code and return the whole code:",
+              "Add a docstring to each function in this code and return the full code:",
+              "Rewrite this code using f-strings where possible and return all of it:")
+TEXT_EDITS = ("Fix the grammar of this text and return it in full:",
+              "Copy the first sentence of this text, then summarize the rest:",
+              "Rewrite this text word for word, then add a title:",
+              "Return this text unchanged, then list its main ideas:")
+TOPICS = (
+    "the Roman Empire", "volcanoes", "the stock market", "photosynthesis", "black holes", "the immune system",
+    "electric cars", "climate change", "the printing press", "honey bees", "quantum computers", "the human heart",
+    "coffee", "the Great Wall of China", "rainbows", "earthquakes", "the French Revolution", "solar panels",
+    "chess", "the Olympic Games", "dinosaurs", "the moon landing", "antibiotics", "jazz music", "the ocean tides",
+    "democracy", "the water cycle", "penguins", "smartphones", "the Renaissance", "glaciers", "compilers",
+    "databases", "encryption", "the Amazon rainforest", "wind turbines", "the Silk Road", "vitamins", "comets",
+    "sourdough bread", "the periodic table", "tornadoes", "public libraries", "electricity", "bridges", "sleep",
+    "meditation", "the Internet", "operating systems", "recycling", "the Pyramids of Giza", "octopuses", "deserts",
+    "coral reefs", "mountain climbing", "the violin", "football", "inflation", "vaccines", "the blockchain",
+    "machine translation", "the Industrial Revolution", "gardening", "bicycles", "trains", "the Eiffel Tower",
+    "spiders", "magnets", "sound waves", "the speed of light", "DNA", "the Milky Way", "Mars", "sharks", "tea",
+    "origami", "the Cold War", "the telephone", "version control", "unit testing", "recursion", "sorting algorithms",
+    "neural networks", "cloud computing", "the Python language", "spreadsheets", "nutrition", "marathons",
+    "elephants", "the Sahara", "clouds", "lightning", "hurricanes", "the Nile", "Shakespeare", "poetry", "museums",
+)
+TOPIC_TEMPLATES = ("What is {}?", "Explain {} to a beginner.", "Write a short paragraph about {}.",
+                   "Give three facts about {}.", "What is the history of {}?", "Why does {} matter?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +101,10 @@ class ChatDataConfig:
     # jitted while_loop; ~55 tok/s there)
     generator: str = "engine"
     dtype: str = "bfloat16"
+    # v1: the prompts the bundled draft was trained on | edits: v1's chat prompts, plus code edits over the train
+    # split, questions about TOPICS, and text edits over the target's own answers, added as they are generated
+    mix: str = "v1"
+    sampled_fraction: float = 0.5  # rows sampled at T = 1; the others greedy
 
 
 def _paragraphs() -> list[str]:
@@ -92,21 +128,49 @@ def _code_snippets(rng: np.random.Generator, num: int) -> list[str]:
     return out
 
 
+def _chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode_chat([{"role": "user", "content": text}])
+
+
+def _clip_text(tokenizer, text: str, max_tokens: int) -> str:
+    return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:max_tokens])
+
+
+def fit_chat(tokenizer, max_len: int, template: str, text: str) -> list[int]:
+    """``template.format(text)`` as a chat prompt of at most ``max_len`` tokens, ``text`` clipped to fit (the
+    template and the chat markup kept whole, so the prompt still ends with the assistant's turn)."""
+    body = max_len
+    while len(ids := _chat(tokenizer, template.format(_clip_text(tokenizer, text, body)))) > max_len:
+        body -= max(4, len(ids) - max_len)
+    return ids
+
+
+def text_edit_prompt(tokenizer, cfg: ChatDataConfig, index: int, answer: str) -> list[int]:
+    """A TEXT_EDITS instruction over ``answer`` (the target's own text), at most max_prompt_tokens."""
+    return fit_chat(tokenizer, cfg.max_prompt_tokens, TEXT_EDITS[index % len(TEXT_EDITS)] + "\n\n{}", answer)
+
+
 def build_prompts(tokenizer, cfg: ChatDataConfig) -> list[tuple[str, list[int]]]:
     """``(kind, token ids)`` pairs, shuffled: kind is "chat" or "plain"; each at most max_prompt_tokens."""
+    if cfg.mix not in ("v1", "edits"):
+        raise ValueError(f"mix must be 'v1' or 'edits', got {cfg.mix!r}")
     rng = np.random.default_rng(cfg.seed)
     paras, code = _paragraphs(), _code_snippets(rng, 600)
 
     def chat(text: str) -> list[int]:
-        return tokenizer.encode_chat([{"role": "user", "content": text}])
+        return _chat(tokenizer, text)
 
     def clip_text(text: str) -> str:
-        ids = tokenizer.encode(text, add_special_tokens=False)[:cfg.max_prompt_tokens - 45]
-        return tokenizer.decode(ids)
+        return _clip_text(tokenizer, text, cfg.max_prompt_tokens - 45)
 
     chats = [chat(f"{INSTRUCTIONS[i % len(INSTRUCTIONS)]}\n\n{clip_text(p)}") for i, p in enumerate(paras)]
     chats += [chat(f"{CODE_INSTRUCTIONS[i % len(CODE_INSTRUCTIONS)]}\n\n{clip_text(c)}") for i, c in enumerate(code)]
     chats += [chat(q) for q in QUESTIONS] * 4  # sampled rows give different answers to a repeated question
+    if cfg.mix == "edits":
+        edits = _code_snippets(rng, 1200)
+        chats += [fit_chat(tokenizer, cfg.max_prompt_tokens, CODE_EDITS[i % len(CODE_EDITS)] + "\n\n```python\n{}\n```",
+                           textwrap.dedent(c)) for i, c in enumerate(edits)]
+        chats += [chat(t.format(topic)) for topic in TOPICS for t in TOPIC_TEMPLATES]
     plain_n = int(len(chats) * cfg.plain_fraction / (1 - cfg.plain_fraction))
     sources = paras + code
     plains = []
@@ -147,6 +211,13 @@ def engine_generator(cfg: ChatDataConfig):
     return generate
 
 
+def _sampled_rows(fraction: float):
+    """n -> bool[n]: which rows of a batch sample (T = 1), spread evenly (0.5: every odd row, as v1 did)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"sampled_fraction must be in [0, 1], got {fraction!r}")
+    return lambda n: np.floor((np.arange(n) + 1) * fraction) > np.floor(np.arange(n) * fraction)
+
+
 def main(argv: list[str]) -> None:
     from jaxserve.models.loading import resolve_model
     from jaxserve.train.data import windows
@@ -162,15 +233,21 @@ def main(argv: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     (out.parent / f"{out.name}_heldout.json").write_text(json.dumps([{"kind": k, "ids": p} for k, p in held]))
     eos, t0 = tokenizer.eos_token_id, time.perf_counter()
-    pieces, stats = [], {"prompts": 0, "generated": 0, "chat": 0, "plain": 0, "greedy": 0, "sampled": 0}
-    for lo in range(0, len(train), cfg.batch_size):
+    pieces, stats = [], {"prompts": 0, "generated": 0, "chat": 0, "plain": 0, "edit": 0, "greedy": 0, "sampled": 0}
+    rows_sampled, rng = _sampled_rows(cfg.sampled_fraction), np.random.default_rng(cfg.seed + 1)
+    for lo in range(0, len(train), cfg.batch_size):  # (mix=edits appends to train as answers come)
         batch = train[lo:lo + cfg.batch_size]
-        temp = (np.arange(len(batch)) % 2).astype(np.float32)  # even rows greedy, odd rows T=1
+        temp = rows_sampled(len(batch)).astype(np.float32)
         gens = generate(batch, temp, cfg.seed * 1_000_003 + lo + np.arange(len(batch)), eos)
         for r, ((kind, p), gen) in enumerate(zip(batch, gens)):
             pieces.append(np.asarray(p + gen + ([] if gen and gen[-1] == eos else [eos]), np.int32))
             stats[kind] += 1
             stats["greedy" if temp[r] == 0 else "sampled"] += 1
+            if cfg.mix == "edits" and kind == "chat" and temp[r] == 0 and len(gen) >= 48 and r % 4 == 0:
+                # within the next few batches, so a run stopped at budget_s has them
+                answer = tokenizer.decode([t for t in gen if t != eos])
+                at = lo + len(batch) + int(rng.integers(0, 4 * cfg.batch_size))
+                train.insert(min(at, len(train)), ("edit", text_edit_prompt(tokenizer, cfg, len(train), answer)))
         stats["prompts"] += len(batch)
         stats["generated"] += sum(len(g) for g in gens)
         stats["elapsed_s"] = round(time.perf_counter() - t0, 1)

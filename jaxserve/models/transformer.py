@@ -130,6 +130,8 @@ class Transformer(nn.Module):
     config: ModelConfig
     attention_impl: str = "auto"
     layout: Layout | None = None  # a device mesh (jaxserve.parallel.layout); None: one device
+    hidden_only: bool = False  # return the final-normed hidden states f32[..., E] instead of logits (a loss over
+    # part of the vocabulary computes its own logits: jaxserve.train.step)
 
     @nn.compact
     def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):
@@ -158,6 +160,8 @@ class Transformer(nn.Module):
         x = _norm(c, "final_norm")(x)
         if logits_indices is not None:
             x = x[logits_indices]
+        if self.hidden_only:
+            return x.astype(jnp.float32), (None if kv_pool is None else kv_pool.replace(layers=tuple(new_pool)))
         if int8_head is not None:
             logits = int8_logits(int8_head, x).astype(dt)
         elif packed is not None:  # rounded to the embedding's dtype, as tied_logits's product is
@@ -203,6 +207,13 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array,
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logits, _ = Transformer(config).apply(_variables(params, router_state), tokens, positions)
     return logits
+
+
+def forward_hidden(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
+    """Causal forward with no cache: tokens i32[B, L] -> final-normed hidden states f32[B, L, E] (no LM head)."""
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    hidden, _ = Transformer(config, hidden_only=True).apply({"params": params}, tokens, positions)
+    return hidden
 
 
 def _variables(params: dict, router_state: dict | None) -> dict:

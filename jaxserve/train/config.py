@@ -42,6 +42,11 @@ class TrainConfig:
     init_from: str = ""  # jaxserve checkpoint whose params start a fresh run (same architecture); "": random init
     distill_from: str = ""  # teacher checkpoint (same vocabulary): train on its soft next-token distribution
     distill_weight: float = 1.0  # loss = w * KL(teacher || model) + (1 - w) * cross-entropy on the data
+    # a draft's loss (jaxserve.train.loss_focus): "answers" counts only the assistant turns of chat windows
+    # (data.train_windows from scripts/onpolicy_chat.py); head_vocab_size N > 0 puts the softmax over the N
+    # most frequent counted targets only, and exports their counts for SpeculativeConfig.draft_vocab_size
+    loss_on: str = "all"
+    head_vocab_size: int = 0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints",
@@ -54,6 +59,10 @@ class TrainConfig:
                  f"TrainConfig.balancing must be 'loss_free' or 'none', got {self.balancing!r}")
         _require(0 <= self.distill_weight <= 1, f"TrainConfig.distill_weight must be in [0, 1], got {self.distill_weight}")
         _require(self.warmup_steps >= 0, f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.loss_on in ("all", "answers"),
+                 f"TrainConfig.loss_on must be 'all' or 'answers', got {self.loss_on!r}")
+        _require(isinstance(self.head_vocab_size, int) and self.head_vocab_size >= 0,
+                 f"TrainConfig.head_vocab_size must be an int >= 0, got {self.head_vocab_size!r}")
 
 
 @dataclasses.dataclass(frozen=True)

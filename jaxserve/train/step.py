@@ -26,6 +26,7 @@ from jaxserve.moe.balancing import layer_loads, max_violation, update_router_sta
 from jaxserve.models import forward_full
 from jaxserve.models.likelihood import nll_and_stats, token_nll
 from jaxserve.train.config import TrainConfig
+from jaxserve.train.loss_focus import focused_nll
 
 
 def make_optimizer(tc: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -56,10 +57,12 @@ def distill_loss(logits: jax.Array, teacher_logits: jax.Array, targets: jax.Arra
 
 @functools.lru_cache(maxsize=8)
 def make_train_step(config: ModelConfig, tc: TrainConfig, teacher_config: ModelConfig | None = None):
-    """``step(params, router_state, opt_state, batch i32[A, B, L], teacher_params) -> (params, router_state,
-    opt_state, metrics)``, jitted, donating the state; ``teacher_params`` is None unless distilling (then
-    ``teacher_config`` is the teacher's). Metrics: ``loss`` (data cross-entropy), ``grad_norm``; ``kl``
-    when distilling; for MoE ``max_vio`` (MaxVio of this step's load, averaged over MoE layers).
+    """``step(params, router_state, opt_state, batch i32[A, B, L], teacher_params, mask=None, head=None) ->
+    (params, router_state, opt_state, metrics)``, jitted, donating the state; ``teacher_params`` is None unless
+    distilling (then ``teacher_config`` is the teacher's); ``mask`` bool[A, B, L] and ``head``
+    (``loss_focus.HeadVocab``) focus a draft's loss (``loss_focus.focused_nll``). Metrics: ``loss`` (the
+    data cross-entropy, over the counted targets when focused), ``grad_norm``; ``kl`` when distilling; for
+    MoE ``max_vio`` (MaxVio of this step's load, averaged over MoE layers).
 
     Cached on ``(config, optimizer_fields(tc), teacher_config)`` so runs with the same shapes reuse one
     compilation.
@@ -67,7 +70,10 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, teacher_config: ModelC
     optimizer, _ = make_optimizer(tc)
     moe = config.num_experts > 0
 
-    def loss_fn(params, router_state, w, teacher_params):
+    def loss_fn(params, router_state, w, teacher_params, mask, head):
+        if mask is not None or head is not None:  # a draft's focused loss (loss_focus; dense, undistilled)
+            nll = focused_nll(params, config, w, mask, head)
+            return nll, ({}, nll, jnp.zeros(()))
         if teacher_config is not None:
             teacher_logits = jax.lax.stop_gradient(forward_full(teacher_params, teacher_config, w[:, :-1]))
             loss, (nll, kl) = distill_loss(forward_full(params, config, w[:, :-1]), teacher_logits, w[:, 1:],
@@ -79,16 +85,17 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, teacher_config: ModelC
         nll, stats = nll_and_stats(params, router_state, config, w)
         return nll.mean(), (layer_loads(stats), nll.mean(), jnp.zeros(()))
 
-    def step(params, router_state, opt_state, batch, teacher_params):
-        def micro(acc, w):
+    def step(params, router_state, opt_state, batch, teacher_params, mask=None, head=None):
+        def micro(acc, wm):
+            w, m = wm
             (_, (loads, nll, kl)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, router_state, w,
-                                                                                     teacher_params)
+                                                                                     teacher_params, m, head)
             return jax.tree.map(jnp.add, acc, (nll, kl, grads, loads)), None
 
         no_load = {name: jnp.zeros(config.num_experts, jnp.float32) for name in router_state}
         zero = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params),
                 no_load)
-        (loss, kl, grads, loads), _ = jax.lax.scan(micro, zero, batch)
+        (loss, kl, grads, loads), _ = jax.lax.scan(micro, zero, (batch, mask))
         loss, kl, grads = jax.tree.map(lambda x: x / batch.shape[0], (loss, kl, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}

@@ -27,7 +27,9 @@ from jaxserve.train.moe import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from jaxserve.train import state as ckpt
 from jaxserve.train.config import TrainRunConfig
+from jaxserve.speculative.token_counts import write_counts
 from jaxserve.train.data import BatchOrder, encode_split, windows
+from jaxserve.train.loss_focus import answer_mask, assistant_marker, head_vocab, target_counts
 from jaxserve.train.metrics import MetricsLog, plot_curve
 from jaxserve.train.step import evaluate, make_optimizer, make_train_step, optimizer_fields
 from jaxserve.train.tokenizer import train_tokenizer
@@ -76,18 +78,30 @@ def train(rc: TrainRunConfig, *, stop_after: int | None = None, progress: bool =
         encode_split(tok, rc.data.corpus, "train", rc.data.max_train_tokens), rc.data.seq_len)
     val_w = windows(encode_split(tok, rc.data.corpus, "val", rc.data.max_val_tokens), rc.data.seq_len)
     val_w = val_w[:tc.eval_windows] if tc.eval_windows else val_w
+    mask, counts = _loss_focus(rc, tok, train_w)
 
     mngr = ckpt.manager(out_dir, tc.keep_checkpoints)
     start, params, opt_state, router_state = _init_or_restore(rc, mesh, mngr)
     end = min(tc.steps, stop_after if stop_after is not None else tc.steps)
-    params, router_state = _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, start, end,
-                                      progress)
+    params, router_state = _run_steps(rc, mesh, mngr, params, opt_state, router_state, (train_w, mask, counts),
+                                      val_w, start, end, progress)
     mngr.close()
     result = {"step": max(start, end), "params": params, "router_state": router_state, "out_dir": out_dir,
               "final_eval": None}
     if result["step"] >= tc.steps:
-        result["final_eval"] = _export(out_dir, rc.model, params, router_state)
+        result["final_eval"] = _export(out_dir, rc.model, params, router_state, counts)
     return result
+
+
+def _loss_focus(rc: TrainRunConfig, tok: Tokenizer, train_w: np.ndarray):
+    """``(mask bool[W, L] or None, counts i64[V] or None)``: the answer tokens of ``train_w`` (``loss_on``) and
+    how often each token is a counted target (for ``head_vocab_size``)."""
+    tc = rc.train
+    if tc.loss_on == "all" and not tc.head_vocab_size:
+        return None, None
+    mask = answer_mask(train_w, assistant_marker(tok), tok.eos_token_id) if tc.loss_on == "answers" else None
+    counts = target_counts(train_w, mask, rc.model.vocab_size) if tc.head_vocab_size else None
+    return mask, counts
 
 
 def _init_or_restore(rc: TrainRunConfig, mesh: Mesh, mngr):
@@ -113,6 +127,8 @@ def _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, 
                progress: bool):
     """Steps ``start .. end-1``: train, log every log_every, evaluate every eval_every, checkpoint."""
     tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
+    train_w, mask, counts = train_w
+    head = head_vocab(counts, tc.head_vocab_size) if counts is not None else None
     log, order = MetricsLog(out_dir, start), BatchOrder(len(train_w), tc.batch_size, tc.seed)
     teacher_config, teacher_params = _load_teacher(tc.distill_from, mesh)
     step_fn = make_train_step(rc.model, optimizer_fields(tc), teacher_config)
@@ -122,9 +138,12 @@ def _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, 
     bar = tqdm(range(start, end), initial=start, total=tc.steps, disable=not progress, file=sys.stderr,
                mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=out_dir.name)
     for step in bar:
-        batch = train_w[order.indices(step)].reshape(tc.grad_accum, -1, rc.data.seq_len + 1)
+        rows = order.indices(step)
+        batch = train_w[rows].reshape(tc.grad_accum, -1, rc.data.seq_len + 1)
+        batch_mask = None if mask is None else jax.device_put(mask[rows].reshape(batch.shape), batch_sharding)
         params, router_state, opt_state, m = step_fn(params, router_state, opt_state,
-                                                     jax.device_put(batch, batch_sharding), teacher_params)
+                                                     jax.device_put(batch, batch_sharding), teacher_params,
+                                                     batch_mask, head)
         done = step + 1
         if done % tc.log_every == 0 or done == end:
             bar.set_postfix(loss=f"{float(m['loss']):.3f}")
@@ -182,6 +201,17 @@ def _check_inputs(rc: TrainRunConfig) -> None:
         raise FileNotFoundError(f"corpus file {rc.data.corpus} does not exist")
     if rc.data.tokenizer and not pathlib.Path(rc.data.tokenizer).exists():
         raise FileNotFoundError(f"tokenizer {rc.data.tokenizer} does not exist")
+    focused = rc.train.loss_on != "all" or rc.train.head_vocab_size
+    if focused and (rc.train.distill_from or rc.model.num_experts):
+        raise ValueError("train.loss_on / train.head_vocab_size are for a dense draft's cross-entropy: not with "
+                         "train.distill_from or an MoE model")
+    if rc.train.loss_on == "answers":
+        if not rc.data.tokenizer:
+            raise ValueError("train.loss_on='answers' needs data.tokenizer: a chat tokenizer's directory")
+        assistant_marker(load_tokenizer(rc.data.tokenizer))  # raises unless it has a chat template
+    if rc.train.head_vocab_size > rc.model.vocab_size:
+        raise ValueError(f"train.head_vocab_size={rc.train.head_vocab_size} exceeds model.vocab_size="
+                         f"{rc.model.vocab_size}")
     if rc.train.distill_from:
         teacher = load_config(rc.train.distill_from)  # raises CheckpointError if it is not a checkpoint
         if teacher.vocab_size != rc.model.vocab_size:
@@ -196,14 +226,17 @@ def _check_inputs(rc: TrainRunConfig) -> None:
                              f"being trained")
 
 
-def _export(out_dir: pathlib.Path, mc, params, router_state: dict) -> dict:
-    """Writes ``out_dir/final`` (jaxserve checkpoint + tokenizer.json [+ router_state.json]) and the curve PNG."""
+def _export(out_dir: pathlib.Path, mc, params, router_state: dict, counts: np.ndarray | None = None) -> dict:
+    """Writes ``out_dir/final`` (jaxserve checkpoint + tokenizer.json [+ router_state.json] [+ token_counts.json])
+    and the curve PNG."""
     final = out_dir / "final"
     if final.exists():
         shutil.rmtree(final)
     save_model(final, mc, jax.device_get(params))
     if router_state:
         save_router_state(final, router_state)
+    if counts is not None:  # the head_vocab_size tokens the draft trained on: SpeculativeConfig.draft_vocab_size
+        write_counts(final, counts, "the counted targets of the training windows")
     shutil.copy(out_dir / TOKENIZER_FILE, final / TOKENIZER_FILE)
     write_manifest(final)  # now covering the tokenizer and router state too
     plot_curve(out_dir / "metrics.jsonl", out_dir / "training_curve.png", title=out_dir.name)
