@@ -7,11 +7,19 @@ continuations of plain text, as one token stream for ``python -m jaxserve.train 
 Prompts (shuffled with ``seed``): instructions ("Summarize", "Explain", "What does this code do?", ...) over
 paragraphs of ``tests/data/real_text`` and files of the pycode-v1 training split, open questions, all through
 the tokenizer's chat template; and ``plain_fraction`` raw windows of the same texts. Rows alternate greedy /
-sampled at temperature 1, and stop at EOS or ``max_tokens``; the serving engine generates them (``generator=engine``,
+sampled at temperature 1 (``sampled_fraction`` of them), and stop at EOS or ``max_tokens``; the serving engine generates them (``generator=engine``,
 bf16 by default), or the float32 ``target_only_generate`` loop (``generator=loop``). After every batch ``out.npy`` (i32[N]: each
 prompt + continuation, EOS-separated), ``out_windows.npy`` (that stream as training windows) and ``out.json``
 (counts) are rewritten, so a run stopped at
 ``budget_s`` (or killed) leaves usable data. The same prompt split is held out by ``heldout`` for evaluation.
+
+``mix=edits`` adds tasks whose answers copy their input (code edits over the pycode-v1 *training* split, text
+edits over the target's own earlier answers: never the evaluation inputs of experiments/spec_decoding) and
+questions about ``TOPICS``; ``pack=true`` writes the windows as whole prompt + answer pieces. The bundled
+draft's data (its MODEL_CARD):
+
+    python scripts/onpolicy_chat.py out=runs/onpolicy/smollm2_edits mix=edits pack=true seq_len=512 \
+        max_prompt_tokens=160 max_tokens=192 plain_fraction=0.1 sampled_fraction=0.25 budget_s=2100 seed=2
 """
 from __future__ import annotations
 
@@ -105,6 +113,9 @@ class ChatDataConfig:
     # split, questions about TOPICS, and text edits over the target's own answers, added as they are generated
     mix: str = "v1"
     sampled_fraction: float = 0.5  # rows sampled at T = 1; the others greedy
+    # out_windows.npy: false: the stream cut every seq_len tokens (v1); true: whole prompt + answer pieces packed
+    # into windows (jaxserve.train.data.packed_windows), so every answer sees its prompt (a copying draft's data)
+    pack: bool = False
 
 
 def _paragraphs() -> list[str]:
@@ -220,7 +231,7 @@ def _sampled_rows(fraction: float):
 
 def main(argv: list[str]) -> None:
     from jaxserve.models.loading import resolve_model
-    from jaxserve.train.data import windows
+    from jaxserve.train.data import packed_windows, windows
 
     cfg = apply_overrides(ChatDataConfig(), argv)
     if cfg.generator not in ("engine", "loop"):
@@ -235,7 +246,8 @@ def main(argv: list[str]) -> None:
     eos, t0 = tokenizer.eos_token_id, time.perf_counter()
     pieces, stats = [], {"prompts": 0, "generated": 0, "chat": 0, "plain": 0, "edit": 0, "greedy": 0, "sampled": 0}
     rows_sampled, rng = _sampled_rows(cfg.sampled_fraction), np.random.default_rng(cfg.seed + 1)
-    for lo in range(0, len(train), cfg.batch_size):  # (mix=edits appends to train as answers come)
+    lo = 0
+    while lo < len(train):  # (len re-read each batch: mix=edits inserts prompts as answers come)
         batch = train[lo:lo + cfg.batch_size]
         temp = rows_sampled(len(batch)).astype(np.float32)
         gens = generate(batch, temp, cfg.seed * 1_000_003 + lo + np.arange(len(batch)), eos)
@@ -253,11 +265,13 @@ def main(argv: list[str]) -> None:
         stats["elapsed_s"] = round(time.perf_counter() - t0, 1)
         stats["stream_tokens"] = int(sum(len(x) for x in pieces))
         np.save(out.with_suffix(".npy"), np.concatenate(pieces))
-        np.save(out.parent / f"{out.name}_windows.npy", windows(np.concatenate(pieces), cfg.seq_len))
+        np.save(out.parent / f"{out.name}_windows.npy", packed_windows(pieces, cfg.seq_len, eos) if cfg.pack
+                else windows(np.concatenate(pieces), cfg.seq_len))
         out.with_suffix(".json").write_text(json.dumps({**stats, "config": dataclasses.asdict(cfg)}, indent=1))
         print(json.dumps(stats), flush=True)
         if stats["elapsed_s"] > cfg.budget_s:
             break
+        lo += len(batch)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,13 @@ PRESETS: dict[str, ModelConfig] = {
                                                head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
                                                max_position_embeddings=2048, tie_word_embeddings=True,
                                                bos_token_id=1, eos_token_id=2),
+    # Twice as wide (15.7M parameters), for training with a cut head (train.head_vocab_size): tried against the
+    # bundled draft on 13x its data, and no better (benchmarks/RESULTS.md, "A retrained SmolLM2 draft").
+    "smollm2-135m-instruct-draft-256": ModelConfig(model_type="llama", vocab_size=49152, hidden_size=256,
+                                                   intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2,
+                                                   head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+                                                   max_position_embeddings=2048, tie_word_embeddings=True,
+                                                   bos_token_id=1, eos_token_id=2),
     "llama3-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
                              rms_norm_eps=1e-5, max_position_embeddings=8192, dtype="bfloat16"),

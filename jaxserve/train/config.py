@@ -73,7 +73,8 @@ class DataConfig:
     max_train_tokens: int = 0  # 0: the whole training split (tests use a few hundred)
     max_val_tokens: int = 0  # 0: the whole validation split
     # .npy of windows i32[W, seq_len + 1] to train on instead of the corpus's training split (e.g. the
-    # teacher's own continuations from ``python -m jaxserve.train.onpolicy``); validation stays the corpus's
+    # teacher's own continuations from ``python -m jaxserve.train.onpolicy``; several files: joined by commas);
+    # validation stays the corpus's
     train_windows: str = ""
 
     def __post_init__(self):

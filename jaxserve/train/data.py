@@ -43,6 +43,29 @@ def windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return stream[idx]
 
 
+def packed_windows(pieces: list, seq_len: int, pad_id: int) -> np.ndarray:
+    """Windows i32[W, seq_len + 1] made of whole pieces (a prompt and its answer each): each piece goes into the
+    first window with room for it (first fit), the rest of a window is ``pad_id``; a piece longer than a window
+    is cut to it. Deterministic.
+
+    Unlike ``windows``' cuts at every seq_len tokens, an answer here always sees its prompt, at the positions
+    serving gives it (a draft that must copy from the prompt learns to)."""
+    if not len(pieces):
+        raise ValueError("packed_windows needs at least one piece")
+    width = seq_len + 1
+    rows, free = [], np.zeros(0, np.int64)
+    for piece in pieces:
+        piece = list(piece)[:width]
+        fits = np.nonzero(free >= len(piece))[0]
+        if fits.size:
+            rows[fits[0]] += piece
+            free[fits[0]] -= len(piece)
+        else:
+            rows.append(piece)
+            free = np.append(free, width - len(piece))
+    return np.asarray([row + [pad_id] * (width - len(row)) for row in rows], np.int32)
+
+
 class BatchOrder:
     """Which windows make up each step's batch: epoch-wise permutations seeded by ``(seed, epoch)``."""
 

@@ -29,14 +29,19 @@ def answer_mask(windows: np.ndarray, marker: list[int], eos: int) -> np.ndarray:
     """bool[W, L]: True where a token of ``windows`` i32[W, L] lies in an assistant answer (after ``marker``,
     the chat template's start of an assistant turn, up to and including the next ``eos``).
 
-    The windows must be consecutive cuts of one stream (``jaxserve.train.data.windows``: each starts with
-    the previous one's last token), so an answer that crosses a window boundary is followed across it."""
+    Windows cut consecutively from one stream (``jaxserve.train.data.windows``: each starts with the previous
+    one's last token) are read as that stream, so an answer that crosses a window boundary is followed across
+    it; any others (``packed_windows``: each starts at a prompt) each on their own, starting outside an answer."""
     w = np.asarray(windows)
     if len(w) > 1 and not np.array_equal(w[1:, 0], w[:-1, -1]):
-        raise ValueError("loss_on='answers' needs windows cut consecutively from one stream "
-                         "(jaxserve.train.data.windows): each must start with the previous one's last token")
-    seq_len, m = w.shape[1] - 1, len(marker)
-    stream = np.concatenate([w[:, :-1].ravel(), w[-1, -1:]])
+        return np.stack([_stream_mask(row, marker, eos) for row in w])
+    seq_len = w.shape[1] - 1
+    inside = _stream_mask(np.concatenate([w[:, :-1].ravel(), w[-1, -1:]]), marker, eos)
+    return inside[np.arange(len(w))[:, None] * seq_len + np.arange(seq_len + 1)[None, :]]
+
+
+def _stream_mask(stream: np.ndarray, marker: list[int], eos: int) -> np.ndarray:
+    m = len(marker)
     idx = np.arange(len(stream))
     ends = np.ones(len(stream), bool)  # marker ends at i: stream[i - m + 1 .. i] == marker
     for k, tok in enumerate(marker):
@@ -46,8 +51,7 @@ def answer_mask(windows: np.ndarray, marker: list[int], eos: int) -> np.ndarray:
     last_marker = np.maximum.accumulate(np.where(ends, idx, -1))
     last_eos = np.maximum.accumulate(np.where(stream == eos, idx, -1))
     before = lambda a: np.concatenate([[-1], a[:-1]])
-    inside = (before(last_marker) >= 0) & (before(last_marker) > before(last_eos))
-    return inside[np.arange(len(w))[:, None] * seq_len + np.arange(seq_len + 1)[None, :]]
+    return (before(last_marker) >= 0) & (before(last_marker) > before(last_eos))
 
 
 def assistant_marker(tokenizer) -> list[int]:

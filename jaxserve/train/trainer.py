@@ -177,8 +177,12 @@ def _validate(params, router_state, config, val_w) -> dict:
 
 
 def load_windows(rc: TrainRunConfig) -> np.ndarray:
-    """``data.train_windows`` as i32[W, seq_len + 1], checked against the run's seq_len and vocabulary."""
-    path = rc.data.train_windows
+    """``data.train_windows`` (one .npy, or several joined by commas, concatenated) as i32[W, seq_len + 1],
+    checked against the run's seq_len and vocabulary."""
+    return np.concatenate([_load_window_file(rc, path) for path in rc.data.train_windows.split(",")])
+
+
+def _load_window_file(rc: TrainRunConfig, path: str) -> np.ndarray:
     if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"data.train_windows file {path} does not exist")
     try:

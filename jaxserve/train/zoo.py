@@ -21,6 +21,7 @@ import numpy as np
 from jaxserve.models.checkpoint import load_config, load_model, save_model, write_manifest
 from jaxserve.models import forward_full
 from jaxserve.moe.router_state_file import ROUTER_STATE_FILE, load_router_state
+from jaxserve.speculative.token_counts import COUNTS_FILE
 from jaxserve.train.moe import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, load_tokenizer
 from jaxserve.train.data import encode_split, windows
@@ -44,8 +45,9 @@ def export_run(run_dir: str | pathlib.Path, name: str, storage_dtype: str = "bfl
     save_model(dest, config, jax.tree.map(lambda p: np.asarray(p.astype(jnp.dtype(storage_dtype))), params))
     for f in (TOKENIZER_FILE, "metrics.jsonl", "training_curve.png"):
         shutil.copy(run_dir / (f"final/{f}" if f == TOKENIZER_FILE else f), dest / f)
-    if (run_dir / "final" / ROUTER_STATE_FILE).exists():
-        shutil.copy(run_dir / "final" / ROUTER_STATE_FILE, dest / ROUTER_STATE_FILE)
+    for extra in (ROUTER_STATE_FILE, COUNTS_FILE):  # an MoE model's biases; a draft's head_vocab_size counts
+        if (run_dir / "final" / extra).exists():
+            shutil.copy(run_dir / "final" / extra, dest / extra)
     info = {"run_config": json.loads((run_dir / "run_config.json").read_text()), "storage_dtype": storage_dtype,
             "num_params": int(sum(np.size(p) for p in jax.tree.leaves(params))), "note": note}
     (dest / "train_info.json").write_text(json.dumps(info, indent=2))

@@ -13,7 +13,7 @@ from jaxserve.models import forward_full, init_params
 from jaxserve.speculative.token_counts import load_counts, most_frequent
 from jaxserve.tokenizer import load_tokenizer
 from jaxserve.train import train
-from jaxserve.train.data import windows
+from jaxserve.train.data import packed_windows, windows
 from jaxserve.train.loss_focus import answer_mask, assistant_marker, focused_nll, head_vocab, target_counts
 from tests.train.conftest import with_train
 
@@ -43,11 +43,29 @@ def test_answer_mask_marks_exactly_the_answers_across_window_boundaries(seq_len)
     assert mask.any() and not mask.all()
 
 
-def test_answer_mask_refuses_windows_that_are_not_consecutive():
+def _pieces(stream, truth, eos):
+    """The stream's exchanges, each ending at the EOS that closes its answer (or the plain text)."""
+    ends = [i for i in range(len(stream)) if stream[i] == eos and (i + 1 == len(stream) or truth[i])]
+    return [(stream[a:b + 1], truth[a:b + 1]) for a, b in zip([0] + [e + 1 for e in ends[:-1]], ends)]
+
+
+def test_packed_windows_hold_whole_pieces_first_fit_and_their_answers_are_masked_per_window():
     tok = load_tokenizer(CHAT_TOKENIZER)
-    w = windows(_chat_stream(tok)[0], 5)
-    with pytest.raises(ValueError, match="consecutively"):
-        answer_mask(w[::-1], assistant_marker(tok), tok.eos_token_id)
+    eos = tok.eos_token_id
+    pieces = _pieces(*_chat_stream(tok), eos)
+    sizes = [len(p) for p, _ in pieces]
+    width = max(sizes) + 3  # the longest piece alone in a window; the two others fit together
+    w = packed_windows([p for p, _ in pieces], width - 1, eos)
+    assert sizes == [41, 35, 5]  # (SmolLM2's chat template)
+    (first, _), (second, _), (plain, _) = pieces
+    # first fit: the 5-token piece skips the first window (3 free) for the second (9 free)
+    np.testing.assert_array_equal(w, [list(first) + [eos] * 3, list(second) + list(plain) + [eos] * 4])
+    mask = answer_mask(w, assistant_marker(tok), eos)  # not consecutive: each window on its own
+    assert mask.sum() == sum(int(t.sum()) for _, t in pieces)  # every answer token, no prompt or pad token
+    long = packed_windows([np.arange(10)], 3, 0)
+    np.testing.assert_array_equal(long, [[0, 1, 2, 3]])  # a piece longer than a window is cut to it
+    with pytest.raises(ValueError, match="at least one piece"):
+        packed_windows([], 3, 0)
 
 
 def _tiny_model(tied: bool) -> tuple[ModelConfig, dict]:
@@ -82,7 +100,8 @@ def test_focused_nll_matches_numpy_over_the_kept_targets_and_columns(tied):
     np.testing.assert_allclose(float(focused_nll(params, config, w, None, None)), plain, rtol=1e-5)
 
 
-def test_training_on_a_restricted_head_exports_its_counts(tiny_run, tmp_path):
+def test_training_on_a_restricted_head_exports_its_counts(tiny_run, tmp_path, monkeypatch):
+    import jaxserve.train.zoo as zoo
     rc = with_train(tiny_run, head_vocab_size=48, out_dir=str(tmp_path / "run"))
     result = train(rc, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -91,6 +110,8 @@ def test_training_on_a_restricted_head_exports_its_counts(tiny_run, tmp_path):
     counts = load_counts(result["out_dir"] / "final", rc.model.vocab_size)
     assert counts.sum() > 0 and np.count_nonzero(counts) > 48  # the restriction is a real cut
     assert result["final_eval"] is not None
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")  # the zoo copy keeps them, for draft_vocab_size
+    np.testing.assert_array_equal(load_counts(zoo.export_run(tmp_path / "run", "d"), rc.model.vocab_size), counts)
 
 
 def test_loss_on_answers_needs_a_chat_tokenizer_and_raises_before_writing(tiny_run, tmp_path):

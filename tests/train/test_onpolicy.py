@@ -93,3 +93,16 @@ def test_bad_train_windows_raise_before_writing(tiny_run, onpolicy, tmp_path):
         with pytest.raises(error, match=match):
             train(bad, progress=False)
     assert not (tmp_path / "never").exists()
+
+
+def test_train_windows_from_several_files_are_concatenated(tiny_run, onpolicy, tmp_path):
+    from jaxserve.train.trainer import load_windows
+    _, _, w = onpolicy
+    np.save(tmp_path / "a.npy", w[:3])
+    np.save(tmp_path / "b.npy", w[3:])
+    rc = dataclasses.replace(tiny_run, data=dataclasses.replace(
+        tiny_run.data, train_windows=f"{tmp_path / 'a.npy'},{tmp_path / 'b.npy'}", seq_len=SEQ))
+    np.testing.assert_array_equal(load_windows(rc), w)
+    bad = dataclasses.replace(rc, data=dataclasses.replace(rc.data, train_windows=f"{tmp_path / 'a.npy'},nope.npy"))
+    with pytest.raises(FileNotFoundError, match="nope.npy does not exist"):
+        load_windows(bad)
