@@ -165,6 +165,21 @@ def test_fp4_matmul_cpu_reads_the_scales_as_stored(fmt):
 
 
 @needs_kernels
+def test_quantized_matmul_routes_up_to_64_rows_to_the_fp4_kernel():
+    """Weight-only FP4 Dense layers: the kernel for up to 64 rows (a batch of 64 decodes, a short prefill: it
+    beats dequantize-then-dot there), the reference above; both give the reference's numbers."""
+    from jaxserve.quant.matmul import quantized_matmul
+    rng = np.random.default_rng(5)
+    w = quantize(jnp.asarray(rng.standard_normal((64, 48)), jnp.float32), "nvfp4", axis=0)
+    for rows, kernel in ((64, True), (65, False)):
+        x = jnp.asarray(rng.standard_normal((rows, 64)), jnp.bfloat16)
+        hlo = jax.jit(quantized_matmul).lower(x, w).as_text()
+        assert ("jaxserve_fp4_matmul_kn" in hlo) == kernel, rows
+        got = quantized_matmul(x, w, out_dtype=jnp.float32)
+        assert _rel(got, fp4_matmul_reference(x, w, out_dtype=jnp.float32)) <= 5e-6
+
+
+@needs_kernels
 def test_bf16_matmul_grad_and_vmap():
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((2, 40)), jnp.float32)
