@@ -15,8 +15,8 @@ prompt + continuation, EOS-separated), ``out_windows.npy`` (that stream as train
 
 ``mix=edits`` adds tasks whose answers copy their input (code edits over the pycode-v1 *training* split, text
 edits over the target's own earlier answers: never the evaluation inputs of experiments/spec_decoding) and
-questions about ``TOPICS``; ``pack=true`` writes the windows as whole prompt + answer pieces. The bundled
-draft's data (its MODEL_CARD):
+questions about ``TOPICS``; ``pack=true`` writes the windows as whole prompt + answer pieces. The data of the
+retrained draft (benchmarks/RESULTS.md, "A retrained SmolLM2 draft": two such runs, seeds 2 and 3, ~25 min):
 
     python scripts/onpolicy_chat.py out=runs/onpolicy/smollm2_edits mix=edits pack=true seq_len=512 \
         max_prompt_tokens=160 max_tokens=192 plain_fraction=0.1 sampled_fraction=0.25 budget_s=2100 seed=2
