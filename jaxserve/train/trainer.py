@@ -26,8 +26,8 @@ from jaxserve.moe.router_state_file import save_router_state
 from jaxserve.train.moe import evaluate_balance
 from jaxserve.tokenizer import TOKENIZER_FILE, Tokenizer, load_tokenizer
 from jaxserve.train import state as ckpt
-from jaxserve.train.config import TrainRunConfig
 from jaxserve.speculative.token_counts import write_counts
+from jaxserve.train.config import TrainRunConfig
 from jaxserve.train.data import BatchOrder, encode_split, windows
 from jaxserve.train.loss_focus import answer_mask, assistant_marker, head_vocab, target_counts
 from jaxserve.train.metrics import MetricsLog, plot_curve
@@ -123,11 +123,12 @@ def _init_or_restore(rc: TrainRunConfig, mesh: Mesh, mngr):
     return step, params, opt_state, router_state
 
 
-def _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_w, val_w, start: int, end: int,
+def _run_steps(rc, mesh, mngr, params, opt_state, router_state, train_data, val_w, start: int, end: int,
                progress: bool):
-    """Steps ``start .. end-1``: train, log every log_every, evaluate every eval_every, checkpoint."""
+    """Steps ``start .. end-1``: train, log every log_every, evaluate every eval_every, checkpoint. ``train_data``:
+    ``(windows, answer mask or None, target counts or None)`` (``_loss_focus``)."""
     tc, out_dir = rc.train, pathlib.Path(rc.train.out_dir)
-    train_w, mask, counts = train_w
+    train_w, mask, counts = train_data
     head = head_vocab(counts, tc.head_vocab_size) if counts is not None else None
     log, order = MetricsLog(out_dir, start), BatchOrder(len(train_w), tc.batch_size, tc.seed)
     teacher_config, teacher_params = _load_teacher(tc.distill_from, mesh)
