@@ -131,7 +131,7 @@ class Transformer(nn.Module):
     attention_impl: str = "auto"
     layout: Layout | None = None  # a device mesh (jaxserve.parallel.layout); None: one device
     hidden_only: bool = False  # return the final-normed hidden states f32[..., E] instead of logits (a loss over
-    # part of the vocabulary computes its own logits: jaxserve.train.step)
+    # part of the vocabulary computes its own logits: jaxserve.train.loss_focus)
 
     @nn.compact
     def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):

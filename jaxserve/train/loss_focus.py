@@ -22,9 +22,6 @@ from jaxserve.config import ModelConfig
 from jaxserve.models.transformer import forward_hidden
 from jaxserve.speculative.token_counts import most_frequent
 
-LOSS_ON = ("all", "answers")
-
-
 def answer_mask(windows: np.ndarray, marker: list[int], eos: int) -> np.ndarray:
     """bool[W, L]: True where a token of ``windows`` i32[W, L] lies in an assistant answer (after ``marker``,
     the chat template's start of an assistant turn, up to and including the next ``eos``).
@@ -51,7 +48,7 @@ def _stream_mask(stream: np.ndarray, marker: list[int], eos: int) -> np.ndarray:
     last_marker = np.maximum.accumulate(np.where(ends, idx, -1))
     last_eos = np.maximum.accumulate(np.where(stream == eos, idx, -1))
     before = lambda a: np.concatenate([[-1], a[:-1]])
-    return (before(last_marker) >= 0) & (before(last_marker) > before(last_eos))
+    return before(last_marker) > before(last_eos)  # (no marker yet: -1 > -1 is False)
 
 
 def assistant_marker(tokenizer) -> list[int]:
