@@ -149,12 +149,19 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
     return embed.attend(x)
 
 
-def packed_logits(kernel, x: jax.Array) -> jax.Array:
-    """x [..., E] @ a tied embedding packed as the LM head (``kernels.cpu.packed.pack_tied_head``: [E, V]) -> f32
-    [..., V]: the sums ``tied_logits`` takes of a bf16 embedding, from one AMX GEMM at every row count."""
+def packed_logits(kernel, x: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """x [..., E] @ a tied embedding packed as the LM head (``kernels.cpu.packed.pack_tied_head``: [E, V]) -> [..., V]
+    in ``dtype`` (float32, or bfloat16 rounded in the kernel): the sums ``tied_logits`` takes of a bf16 embedding,
+    from one AMX GEMM at every row count."""
     from jaxserve.kernels.cpu.packed import bf16_gemm_packed
-    y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel)
-    return y.reshape(*x.shape[:-1], kernel.shape[1])
+    y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel, out_dtype=_gemm_out(dtype))
+    return y.reshape(*x.shape[:-1], kernel.shape[1]).astype(dtype)
+
+
+def _gemm_out(dtype):
+    """The packed GEMM's output for a result in ``dtype``: bf16 rounded in the kernel (the same bits as float32
+    sums converted), else float32."""
+    return jnp.bfloat16 if jnp.dtype(dtype) == jnp.bfloat16 else jnp.float32
 
 
 def int8_logits(head, x: jax.Array) -> jax.Array:
@@ -209,7 +216,8 @@ class _Dense(nn.Dense):
                              f"inputs {inputs.shape} -> {self.features}")
         dtype = self.dtype or jnp.result_type(inputs.dtype, jnp.bfloat16)
         x = inputs.astype(dtype).reshape(-1, inputs.shape[-1]).astype(jnp.bfloat16)
-        y = bf16_gemm_packed(x, kernel).reshape(*inputs.shape[:-1], self.features).astype(dtype)
+        y = bf16_gemm_packed(x, kernel, out_dtype=_gemm_out(dtype))
+        y = y.reshape(*inputs.shape[:-1], self.features).astype(dtype)
         if self.use_bias:
             y = y + self.get_variable("params", "bias").astype(dtype)
         return y
@@ -296,7 +304,8 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq: jax.Array |
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
-_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
+# A gated MLP's activations by name (SwiGLU.activation; the packed GEMM's gated epilogue tabulates them).
+ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
 
 
 class SwiGLU(nn.Module):
@@ -310,9 +319,24 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         proj = lambda n, name: dense(n, self.dtype, name, matmul_dtype=self.matmul_dtype)  # noqa: E731
-        act = _ACTIVATIONS[self.activation]
+        act = ACTIVATIONS[self.activation]
         if self.has_variable("params", "gate_up_proj"):  # fused by a runner (jaxserve.kernels.cpu.packed.FUSIONS)
+            fused = self.get_variable("params", "gate_up_proj")
+            if self._gated_in_gemm(fused, x):
+                from jaxserve.kernels.cpu.packed import bf16_gemm_packed
+                h = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), fused["kernel"],
+                                     activation=self.activation)
+                return proj(self.hidden_size, "down_proj")(h.reshape(*x.shape[:-1], self.intermediate_size))
             gate, up = jnp.split(proj(2 * self.intermediate_size, "gate_up_proj")(x), 2, axis=-1)
         else:
             gate, up = proj(self.intermediate_size, "gate_proj")(x), proj(self.intermediate_size, "up_proj")(x)
         return proj(self.hidden_size, "down_proj")(act(gate) * up)
+
+    def _gated_in_gemm(self, fused, x) -> bool:
+        """Whether the packed gate/up GEMM can apply the activation itself (``bf16_gemm_packed(activation=...)``: the
+        unfused bf16 graph's bits, without the [T, 2 I] matrix): a bf16 model, a packed kernel, no bias, the
+        halves on whole 32-column groups."""
+        from jaxserve.kernels.cpu.packed import PackedBf16
+        return (isinstance(fused.get("kernel"), PackedBf16) and "bias" not in fused
+                and jnp.dtype(self.dtype) == jnp.bfloat16 and self.intermediate_size % 32 == 0
+                and fused["kernel"].shape == (x.shape[-1], 2 * self.intermediate_size))

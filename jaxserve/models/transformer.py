@@ -165,7 +165,7 @@ class Transformer(nn.Module):
         if int8_head is not None:
             logits = int8_logits(int8_head, x).astype(dt)
         elif packed is not None:  # rounded to the embedding's dtype, as tied_logits's product is
-            logits = packed_logits(packed, x).astype(dt)
+            logits = packed_logits(packed, x, dt)
         else:
             logits = tied_logits(embed, x) if c.tie_word_embeddings else _dense(c, c.vocab_size, False, "lm_head")(x)
         logits = logits.astype(jnp.float32)

@@ -13,8 +13,9 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed, pack_bf16, pack_dense_kernels, pack_tied_head
-from jaxserve.layers import dense
+from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, pack_bf16, pack_dense_kernels,
+                                         pack_tied_head)
+from jaxserve.layers import ACTIVATIONS, dense
 from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
 
@@ -114,16 +115,19 @@ def test_pack_dense_kernels_fuses_the_projections_of_one_input():
 
 @needs_amx
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_fused_projections_give_the_bits_of_separate_ones(preset):
+@pytest.mark.parametrize("intermediate, gated", [(176, False), (96, True)])
+def test_fused_projections_give_the_bits_of_separate_ones(preset, intermediate, gated):
     """A bf16 model forward with q/k/v and gate/up fused (one packed GEMM each) against the same packed layers
     called one by one: every column sums the same k blocks in the same order, so the logits are equal bit for bit.
-    (tiny-qwen3: q/k norms after the split.)"""
-    config = get_preset(preset).replace(dtype="bfloat16")
+    (tiny-qwen3: q/k norms after the split.) With the halves on whole 32-column groups (intermediate 96) the fused
+    GEMM also applies SiLU(gate) * up in its epilogue, and still gives the unfused graph's bits."""
+    config = get_preset(preset).replace(dtype="bfloat16", intermediate_size=intermediate)
     params = init_params(config, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, config.vocab_size)
     fused, separate = pack_dense_kernels(params), pack_dense_kernels(params, fuse=False)
     assert "qkv_proj" in fused["layers_0"]["attn"] and "gate_up_proj" in fused["layers_0"]["mlp"]
     run = jax.jit(forward_full, static_argnums=1)
+    assert ("epilogue = 2" in run.lower(fused, config, tokens).as_text()) == gated
     np.testing.assert_array_equal(np.asarray(run(fused, config, tokens), np.float32),
                                   np.asarray(run(separate, config, tokens), np.float32))
 
@@ -150,6 +154,64 @@ def test_packed_gemm_rows_do_not_depend_on_the_batch_or_threads():
     full = np.asarray(bf16_gemm_packed(x, p, threads=2))
     for rows, threads in ((1, 1), (1, 2), (9, 2), (17, 1), (40, 2)):
         np.testing.assert_array_equal(np.asarray(bf16_gemm_packed(x[-rows:], p, threads=threads)), full[-rows:])
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(1, 576, 192), (17, 576, 100), (64, 1536, 576), (5, 50, 70)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_gemm_bf16_output_and_input_give_the_float32_results_bits(m, k, n, threads):
+    """out_dtype=bfloat16 rounds the sums in the kernel as XLA's convert rounds the float32 result; a bf16 x gives
+    the bits of the same values in float32 (the kernel rounds x to bf16 either way)."""
+    rng = np.random.default_rng(m + n)
+    x, p = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), pack_bf16(_weight(k, n, m))
+    want = bf16_gemm_packed(x.astype(jnp.float32), p, threads=threads)
+    got16 = jax.jit(lambda x, p: bf16_gemm_packed(x, p, threads=threads, out_dtype=jnp.bfloat16))(x, p)
+    got32 = jax.jit(lambda x, p: bf16_gemm_packed(x, p, threads=threads))(x, p)
+    assert got16.dtype == jnp.bfloat16 and got16.shape == (m, n)
+    np.testing.assert_array_equal(np.asarray(got32), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got16, np.float32), np.asarray(want.astype(jnp.bfloat16), np.float32))
+
+
+@needs_amx
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m, k, i", [(1, 576, 64), (9, 64, 96), (17, 100, 32), (40, 576, 128), (64, 576, 1536)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gated_epilogue_gives_the_bits_of_the_unfused_graph(activation, m, k, i, threads):
+    """bf16_gemm_packed(activation=...) on [gate | up] = act(gate) * up of two bf16 GEMMs in one jitted graph (XLA
+    rounding every op of it to bf16), bit for bit, at every row count; a row's bits do not depend on the others."""
+    rng = np.random.default_rng(m + i)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    gate, up = _weight(k, i, 1) * 0.3, _weight(k, i, 2)
+    fused, pg, pu = pack_bf16(jnp.concatenate([gate, up], 1)), pack_bf16(gate), pack_bf16(up)
+    gemm = lambda x, p: bf16_gemm_packed(x, p, threads=threads, out_dtype=jnp.bfloat16)  # noqa: E731
+    want = jax.jit(lambda x: ACTIVATIONS[activation](gemm(x, pg)) * gemm(x, pu))(x)
+    got = jax.jit(lambda x: bf16_gemm_packed(x, fused, threads=threads, activation=activation))(x)
+    assert got.dtype == jnp.bfloat16 and got.shape == (m, i)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    alone = bf16_gemm_packed(x[-1:], fused, threads=threads, activation=activation)
+    np.testing.assert_array_equal(np.asarray(alone, np.float32), np.asarray(got[-1:], np.float32))
+
+
+@needs_amx
+def test_gated_epilogue_grad_in_x_is_the_unfused_graphs():
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 64)), jnp.float32)
+    w = _weight(64, 64)
+    unfused = lambda x: gated_reference(x @ PackedBf16.unpack(pack_bf16(w)).astype(jnp.float32), "silu")  # noqa: E731
+    got = jax.grad(lambda x: bf16_gemm_packed(x, pack_bf16(w), activation="silu").astype(jnp.float32).sum())(x)
+    want = jax.grad(lambda x: unfused(x).astype(jnp.float32).sum())(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@needs_amx
+def test_packed_gemm_refuses_a_bad_epilogue():
+    p = pack_bf16(_weight(64, 96))
+    with pytest.raises(ValueError, match=r"bf16_gemm_packed: out_dtype must be float32 or bfloat16, got float16"):
+        bf16_gemm_packed(jnp.ones((3, 64)), p, out_dtype=jnp.float16)
+    with pytest.raises(ValueError, match=r"bf16_gemm_packed: activation must be one of \['gelu_tanh', 'silu'\], "
+                                         r"got 'relu'"):
+        bf16_gemm_packed(jnp.ones((3, 64)), pack_bf16(_weight(64, 128)), activation="relu")
+    with pytest.raises(ValueError, match=r"a gated weight's N must be 2 I with I a multiple of 32, got N=96"):
+        bf16_gemm_packed(jnp.ones((3, 64)), p, activation="silu")
 
 
 @needs_amx

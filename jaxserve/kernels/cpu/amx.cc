@@ -2,7 +2,8 @@
 //
 //   jaxserve_bf16_gemm_kn: y f32[M, N] = bf16(x f32[M, K]) @ w bf16[K, N]     (a Dense kernel)
 //   jaxserve_bf16_gemm_nk: y f32[M, N] = bf16(x f32[M, K]) @ e bf16[N, K]^T   (a tied embedding as the LM head)
-//   jaxserve_bf16_gemm_packed: y f32[M, N] = bf16(x f32[M, K]) @ w, w bf16[K, N] packed once into B tiles (packed.py)
+//   jaxserve_bf16_gemm_packed: y = bf16(x f32/bf16[M, K]) @ w, w bf16[K, N] packed once into B tiles (packed.py);
+//       y f32[M, N], bf16[M, N], or a gated MLP's bf16 act(gate) * up (the Epilogue below)
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
 //
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
@@ -227,11 +228,41 @@ void gemm_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 // pairs alternating over the k blocks, or prefetches 8-32 KB ahead into L1 or L2: no faster at one row.)
 constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk holds at most (256 columns: L2)
 
+// What the packed GEMM writes (its attribute "epilogue"):
+//   kF32:       y f32[M, N], the sums.
+//   kBf16:      y bf16[M, N], the sums rounded to nearest even: the bits of kF32's result converted by XLA, without
+//               writing (and reading back) the float32 matrix.
+//   kGatedBf16: w = [gate | up] (N = 2 I, I a multiple of 32), y bf16[M, I] = bf16(act(bf16(gate)) * bf16(up)),
+//               act read from a table of its float32 value at each of the 65,536 bf16 inputs. The table is computed
+//               by XLA (jaxserve.kernels.cpu.packed), and a product of two bf16 values is exact in float32, so y holds
+//               the bits of the unfused graph (a bf16 gate_up, then act(gate) * up), with the [M, 2 I] matrix never
+//               written: a gated MLP's activation in the GEMM's epilogue.
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2 };
+
+// C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp,
+// each C tile taking the k blocks in order, one TDPBF16PS each: kn_block's tile ops, the same bits.
+void pair_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint16_t* b = gp + kb * 2 * 16 * 32;
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 16 * 32, 64);
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, xa + (m0 + kTileRows) * Kp + kb * kTileK, Kp * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 // One block of at most 16 rows of x (load_tile_config_rows: C and A tiles of that many rows) times two groups of 32
-// packed columns at once (g: C 0-1, g + 1: C 2-3), so that two streams of weights are in flight; each C tile takes
-// the k blocks in order, one TDPBF16PS each, as kn_block's do: the same bits.
-void packed_block1x2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* g0p, const uint16_t* g1p, float* y,
-                     int64_t M, int64_t N, int64_t n) {
+// packed columns at once (g0p: C 0-1, g1p: C 2-3), so that two streams of weights are in flight; the same tile ops
+// per C tile as pair_sums.
+void rest_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* g0p, const uint16_t* g1p) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -248,43 +279,155 @@ void packed_block1x2(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t*
     _tile_loadd(6, g1p + off + 16 * 32, 64);
     _tile_dpbf16ps(3, 4, 6);
   }
-  STORE_C(0, y, N, m0, n, M - m0, N - n);
-  STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
-  STORE_C(2, y, N, m0, n + 32, M - m0, N - n - 32);
-  STORE_C(3, y, N, m0, n + 48, M - m0, N - n - 48);
 }
 
-// Each thread takes a contiguous range of the G groups (k/v's 6: 3 a thread) and walks it in stretches of at most
-// kPackedChunkGroups; every 32-row block of x passes over a stretch (in L2 after the first). (Software prefetches of
-// the next stretch into L2, spread over the tile work, measured no faster.)
-void gemm_packed(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                 float* y, int64_t threads) {
-  const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK), G = (N + 31) / 32;
-  const int64_t group_elems = Kp * 32, pairs = Mp / (2 * kTileRows);
+// The same for one group (C 0-1).
+void rest_sum1(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
+    const uint16_t* b = gp + kb * 2 * 16 * 32;
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 16 * 32, 64);
+    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+}
+
+// C 0-1 -> a [rows][32] float32 block at buf (rows 128 bytes apart), C 2-3 -> the block at buf2; pair blocks: C 0-3 ->
+// one [32][32] block. (The stores write the tiles' configured rows.)
+inline void store_two_blocks(float* buf, float* buf2) {
+  _tile_stored(0, buf, 128);
+  _tile_stored(1, buf + 16, 128);
+  _tile_stored(2, buf2, 128);
+  _tile_stored(3, buf2 + 16, 128);
+}
+inline void store_pair_block(float* buf) { store_two_blocks(buf, buf + kTileRows * 32); }
+
+// Rows [0, rows) of a [.][32] float32 block -> y bf16 rows m0 .., columns n0 .. min(n0 + 32, N), rounded to nearest even.
+void put_bf16(const float* buf, int64_t rows, uint16_t* y, int64_t N, int64_t m0, int64_t n0) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < 32; c += 16)
+      _mm256_mask_storeu_epi16(y + (m0 + i) * N + n0 + c, mask16(N - n0 - c),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c)));
+}
+
+// Rows [0, rows) of gate and up [.][32] float32 blocks -> y bf16 [., I] rows m0 .., columns n0 .. n0 + 32:
+// bf16(act[bf16(gate)] * bf16(up)) (act: float32[65536] by bf16 bits).
+void put_gated(const float* gate, const float* up, int64_t rows, const float* act, uint16_t* y, int64_t I, int64_t m0,
+               int64_t n0) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < 32; c += 16) {
+      const __m512i g = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(gate + i * 32 + c)));
+      const __m512i u = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(up + i * 32 + c)));
+      const __m512 h = _mm512_mul_ps(_mm512_i32gather_ps(g, act, 4), _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + i) * I + n0 + c), (__m256i)_mm512_cvtneps_pbh(h));
+    }
+}
+
+// x bf16[M, K] -> bf16 [Mp, Kp], zero padded to whole tiles (x_to_bf16's layout; rows in this thread's buffer, 64-byte
+// aligned).
+const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
+  uint16_t* out = scratch<uint16_t, kXa>(Mp * Kp);
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(out + m * Kp, x + m * K, K * 2);
+    std::fill(out + m * Kp + K, out + (m + 1) * Kp, uint16_t(0));
+  }
+  std::fill(out + M * Kp, out + Mp * Kp, uint16_t(0));
+  return out;
+}
+
+// Each thread takes a contiguous range of the output's 32-column groups (k/v's 6: 3 a thread; with kGatedBf16 a group
+// of y reads the gate group g and the up group g + I / 32) and walks it in stretches of at most kPackedChunkGroups;
+// every 32-row block of x passes over a stretch (in L2 after the first). (Software prefetches of the next stretch into
+// L2, spread over the tile work, measured no faster.) xa: x as x_to_bf16 / x_bf16_padded give it.
+void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int64_t K, const uint16_t* packed,
+                       int64_t N, void* out, Epilogue epilogue, const float* act, int64_t threads) {
+  const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK), group_elems = Kp * 32;
+  const bool gated = epilogue == kGatedBf16;
+  const int64_t G = gated ? N / 64 : (N + 31) / 32, up = N / 64;  // output groups; the up half's first group
+  const int64_t pairs = Mp / (2 * kTileRows);
   const bool rest = Mp % (2 * kTileRows) != 0;
-  const uint16_t* xa = x_to_bf16(x, M, K, Mp, Kp);
+  float* const y32 = static_cast<float*>(out);
+  uint16_t* const y16 = static_cast<uint16_t*>(out);
   const int64_t t = std::max<int64_t>(1, std::min(threads, G));
   jaxserve::parallel_chunks(pool, t, t, [&](int64_t c) {
+    alignas(64) float block[2 * kTileRows * 32], block2[2 * kTileRows * 32];
     const int64_t r0 = c * G / t, r1 = (c + 1) * G / t;
+    auto group = [&](int64_t g) { return packed + g * group_elems; };
     for (int64_t g0 = r0; g0 < r1; g0 += kPackedChunkGroups) {
       const int64_t g1 = std::min(r1, g0 + kPackedChunkGroups);
       int64_t m0 = 0;
       if (pairs) {
         load_tile_config();
-        for (; m0 + 2 * kTileRows <= Mp; m0 += 2 * kTileRows)
-          for (int64_t g = g0; g < g1; ++g)  // a group is kn_block's packed chunk of two 16-column tiles
-            kn_block<true>(xa, Kp, m0, packed + g * group_elems, 2, 0, y, M, N, g * 32);
+        for (; m0 + 2 * kTileRows <= Mp; m0 += 2 * kTileRows) {
+          const int64_t rows = std::min(2 * kTileRows, M - m0);
+          for (int64_t g = g0; g < g1; ++g) {
+            pair_sums(xa, Kp, m0, group(g));
+            if (epilogue == kF32) {
+              STORE_C(0, y32, N, m0, g * 32, M - m0, N - g * 32);
+              STORE_C(1, y32, N, m0, g * 32 + 16, M - m0, N - g * 32 - 16);
+              STORE_C(2, y32, N, m0 + kTileRows, g * 32, M - m0 - kTileRows, N - g * 32);
+              STORE_C(3, y32, N, m0 + kTileRows, g * 32 + 16, M - m0 - kTileRows, N - g * 32 - 16);
+            } else if (epilogue == kBf16) {
+              store_pair_block(block);
+              put_bf16(block, rows, y16, N, m0, g * 32);
+            } else {
+              store_pair_block(block);
+              pair_sums(xa, Kp, m0, group(up + g));
+              store_pair_block(block2);
+              put_gated(block, block2, rows, act, y16, N / 2, m0, g * 32);
+            }
+          }
+        }
       }
       if (rest) {
-        load_tile_config_rows(std::min(kTileRows, M - m0));
+        const int64_t rows = std::min(kTileRows, M - m0);
+        load_tile_config_rows(rows);
         int64_t g = g0;
-        for (; g + 2 <= g1; g += 2)
-          packed_block1x2(xa, Kp, m0, packed + g * group_elems, packed + (g + 1) * group_elems, y, M, N, g * 32);
-        if (g < g1) kn_block<false>(xa, Kp, m0, packed + g * group_elems, 2, 0, y, M, N, g * 32);
+        if (gated) {
+          for (; g < g1; ++g) {  // the gate and up groups of one output group, as two streams
+            rest_sums(xa, Kp, m0, group(g), group(up + g));
+            store_two_blocks(block, block2);
+            put_gated(block, block2, rows, act, y16, N / 2, m0, g * 32);
+          }
+        }
+        for (; g + 2 <= g1; g += 2) {
+          rest_sums(xa, Kp, m0, group(g), group(g + 1));
+          if (epilogue == kF32) {
+            STORE_C(0, y32, N, m0, g * 32, M - m0, N - g * 32);
+            STORE_C(1, y32, N, m0, g * 32 + 16, M - m0, N - g * 32 - 16);
+            STORE_C(2, y32, N, m0, g * 32 + 32, M - m0, N - g * 32 - 32);
+            STORE_C(3, y32, N, m0, g * 32 + 48, M - m0, N - g * 32 - 48);
+          } else {
+            store_two_blocks(block, block2);
+            put_bf16(block, rows, y16, N, m0, g * 32);
+            put_bf16(block2, rows, y16, N, m0, g * 32 + 32);
+          }
+        }
+        if (g < g1) {
+          rest_sum1(xa, Kp, m0, group(g));
+          if (epilogue == kF32) {
+            STORE_C(0, y32, N, m0, g * 32, M - m0, N - g * 32);
+            STORE_C(1, y32, N, m0, g * 32 + 16, M - m0, N - g * 32 - 16);
+          } else {
+            _tile_stored(0, block, 128);
+            _tile_stored(1, block + 16, 128);
+            put_bf16(block, rows, y16, N, m0, g * 32);
+          }
+        }
       }
     }
     _tile_release();
   });
+}
+
+// y f32[M, N] = x f32[M, K] @ w packed (the kF32 epilogue; the guard-page harness's entry).
+void gemm_packed(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+                 float* y, int64_t threads) {
+  const uint16_t* xa = x_to_bf16(x, M, K, round_up(M, kTileRows), round_up(K, kTileK));
+  gemm_packed_bf16x(pool, xa, M, K, packed, N, y, kF32, nullptr, threads);
 }
 
 // ---- _nk: y = x @ e^T, e bf16[N, K] ----
@@ -388,6 +531,12 @@ constexpr bool kBuiltWithAmx = false;
 void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2 };
+const uint16_t* x_to_bf16(const float*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
+const uint16_t* x_bf16_padded(const uint16_t*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
+void gemm_packed_bf16x(ffi::ThreadPool&, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, void*, Epilogue,
+                       const float*, int64_t) {}
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 bool request_amx() { return false; }
 #endif
 
@@ -411,17 +560,33 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
-// y f32[M, N] = x @ w, w as pack_bf16_for_amx packed it: bf16[ceil(N / 32), round_up(K, 32) * 32]; N an attribute.
-ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::BF16, 2> packed,
-                          ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads) {
-  if (!amx_ready())
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "bf16_gemm_packed: AMX tiles are unavailable");
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1], N = y->dimensions()[1];
-  if (packed.dimensions()[0] != (N + 31) / 32 || packed.dimensions()[1] != (K + 31) / 32 * 32 * 32)
-    return ffi::Error::InvalidArgument("bf16_gemm_packed: the packed weight's shape does not match K and N");
+// y = x @ w, w as pack_bf16 packed it: bf16[ceil(N / 32), round_up(K, 32) * 32]; x f32 or bf16 [M, K]; y as the
+// attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], or bf16[M, N / 2] for a gated [gate | up] weight, whose
+// activation table act is f32[65536]; the other epilogues take any act, unread). N comes from y.
+ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16, 2> packed,
+                          ffi::Buffer<ffi::F32, 1> act, ffi::Result<ffi::AnyBuffer> y, int64_t threads,
+                          int64_t epilogue) {
+  const std::string name = "bf16_gemm_packed";
+  if (!amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
+  if (epilogue < kF32 || epilogue > kGatedBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
+  const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32 : ffi::DataType::BF16;
+  if (x.dimensions().size() != 2 || y->dimensions().size() != 2 || y->element_type() != want_y ||
+      (x.element_type() != ffi::DataType::F32 && x.element_type() != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument(name + ": x must be f32 or bf16 [M, K], y [M, N] of the epilogue's type");
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1];
+  const int64_t N = epilogue == kGatedBf16 ? 2 * y->dimensions()[1] : y->dimensions()[1];
+  if (y->dimensions()[0] != M || packed.dimensions()[0] != (N + 31) / 32 ||
+      packed.dimensions()[1] != (K + 31) / 32 * 32 * 32)
+    return ffi::Error::InvalidArgument(name + ": the packed weight's shape does not match K and N");
+  if (epilogue == kGatedBf16 && (N % 64 != 0 || act.dimensions()[0] != 65536))
+    return ffi::Error::InvalidArgument(name + ": a gated epilogue needs N / 2 a multiple of 32 and a 65536-entry table");
   if (M == 0 || N == 0) return ffi::Error::Success();
-  gemm_packed(pool, x.typed_data(), M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N,
-              y->typed_data(), threads);
+  const int64_t Mp = round_up(M, 16), Kp = round_up(K, 32);
+  const uint16_t* xa = x.element_type() == ffi::DataType::F32
+                           ? x_to_bf16(static_cast<const float*>(x.untyped_data()), M, K, Mp, Kp)
+                           : x_bf16_padded(static_cast<const uint16_t*>(x.untyped_data()), M, K, Mp, Kp);
+  gemm_packed_bf16x(pool, xa, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
+                    Epilogue(epilogue), act.typed_data(), threads);
   return ffi::Error::Success();
 }
 
@@ -429,6 +594,7 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi:
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+using F32Vector = ffi::Buffer<ffi::F32, 1>;
 
 #define JAXSERVE_BF16_GEMM(name, nk)                                                               \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Bf16Gemm<nk>,                                                \
@@ -445,9 +611,11 @@ JAXSERVE_BF16_GEMM(jaxserve_bf16_gemm_nk, true)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Matrix>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<Bf16Matrix>()
-                                  .Ret<F32Matrix>()
-                                  .Attr<int64_t>("threads"));
+                                  .Arg<F32Vector>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("epilogue"));
 
 extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

@@ -7,6 +7,10 @@ already in that layout, so one GEMM serves every row count: decode rows, verify 
 for the same row (AMX's sums do not depend on the other rows), and a weight is stored once. ``pack_dense_kernels`` packs
 a model's Dense kernels and fuses the projections of one input (``FUSIONS``: q/k/v, gate/up) into one GEMM each.
 
+The GEMM takes x in float32 or bf16 and writes float32 sums, the same sums rounded to bf16 (what a bf16 model's
+Dense layer returns, without a float32 matrix written and converted), or for a fused gate/up weight a gated MLP's
+act(gate) * up in bf16 (``activation``): the epilogues bf16 models run, each giving the bits of the unfused graph.
+
 Layout: ``data`` bf16[ceil(N / 32), round_up(K, 32) * 32]; row g holds columns [32 g, 32 g + 32) as the two B tiles of
 each 32-wide k block in k order, every tile 16 rows of 16 (w[2p, n], w[2p + 1, n]) pairs; zeros pad K and N.
 """
@@ -18,9 +22,11 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu.matmul import amx_granted, default_threads
+from jaxserve.layers import ACTIVATIONS
 
 TILE_K = 32  # bf16 k per A tile row
 GROUP = 32   # columns of w per packed row (two B tiles of 16)
@@ -115,32 +121,78 @@ def pack_tied_head(params):
     return out
 
 
-def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
+_EPILOGUES = {None: 0, "bf16": 1, "gated": 2}  # amx.cc's Epilogue
+
+
+@functools.lru_cache(maxsize=None)
+def activation_table(activation: str) -> np.ndarray:
+    """f32[65536]: ``ACTIVATIONS[activation]`` at every bf16 input (index: the input's bits), rounded to bf16 as a
+    bf16 model's graph rounds it, computed by XLA itself on this backend (a compiled call, not constant folding), so
+    the gated epilogue returns the bits of the unfused graph."""
+    inputs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(jnp.bfloat16)
+    # Compiled ahead and called on a numpy array: it runs now, even while a caller is being traced. Its result is
+    # the bf16 array itself, widened here: a float32 cast inside the program would let XLA skip the last rounding.
+    table = jax.jit(ACTIVATIONS[activation]).lower(inputs).compile()
+    return np.asarray(table(inputs)).astype(np.float32)
+
+
+def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None, out_dtype=jnp.float32,
+                     activation: str | None = None) -> jax.Array:
     """x f32/bf16[M, K] @ w (a ``PackedBf16`` of shape [K, N]) -> f32[M, N]: x rounded to bf16, exact products summed
     in float32 by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same k order). A row's
     result does not depend on M or the threads. Needs ``matmul.amx_usable()``. Differentiable in x (the JVP uses
-    XLA's dot on the unpacked weight); under vmap the call runs once per batch element."""
+    XLA's dot on the unpacked weight); under vmap the call runs once per batch element.
+
+    ``out_dtype=bfloat16``: the sums rounded to bf16 in the kernel (the bits of ``.astype(bfloat16)``, without the
+    float32 matrix). ``activation`` (a gated MLP's, ``ACTIVATIONS``): w is [gate | up] (N = 2 I, I a multiple of 32)
+    and the result bf16[M, I] = act(gate) * up with gate and up rounded to bf16 and every op of the graph rounding
+    to bf16, as a bf16 model computes it unfused (``activation_table``), bit for bit."""
     x = jnp.asarray(x)
     k, n = w.shape
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"bf16_gemm_packed: x must be [M, {k}] for a [{k}, {n}] weight, got x{x.shape}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"bf16_gemm_packed: x must be floating point, got {x.dtype}")
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"bf16_gemm_packed: out_dtype must be float32 or bfloat16, got {out_dtype}")
+    if activation is not None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"bf16_gemm_packed: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if n % 64:
+            raise ValueError(f"bf16_gemm_packed: a gated weight's N must be 2 I with I a multiple of 32, got N={n}")
     if build.load() is None or not amx_granted():
         raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
                            "built, or Linux refused the tile state)")
-    return _gemm_x(x.astype(jnp.float32), w.data, w.shape, threads or default_threads())
+    epilogue = "gated" if activation else (None if out_dtype == jnp.float32 else "bf16")
+    x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
+    return _gemm_x(x, w.data, w.shape, threads or default_threads(), epilogue, activation)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _gemm_x(x, data, shape, threads):
-    call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0], shape[1]), jnp.float32),
-                            vmap_method="sequential")
-    return call(x, data, threads=threads)
+def gated_reference(y: jax.Array, activation: str) -> jax.Array:
+    """The unfused graph the gated epilogue computes: y f32[M, 2 I] -> bf16 act(gate) * up."""
+    gate, up = jnp.split(y.astype(jnp.bfloat16), 2, axis=-1)
+    return ACTIVATIONS[activation](gate) * up
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
+def _gemm_x(x, data, shape, threads, epilogue, activation):
+    m, n = x.shape[0], shape[1]
+    out = jax.ShapeDtypeStruct((m, n // 2 if epilogue == "gated" else n),
+                               jnp.float32 if epilogue is None else jnp.bfloat16)
+    table = activation_table(activation) if activation else np.zeros(1, np.float32)
+    call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", out, vmap_method="sequential")
+    return call(x, data, table, threads=threads, epilogue=_EPILOGUES[epilogue])
 
 
 @_gemm_x.defjvp
-def _gemm_x_jvp(shape, threads, primals, tangents):
+def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
     (x, data), (dx, ddata) = primals, tangents
-    unpacked = lambda d: PackedBf16(d, shape).unpack().astype(jnp.float32)  # noqa: E731
-    return _gemm_x(x, data, shape, threads), jnp.dot(dx, unpacked(data)) + jnp.dot(x, unpacked(ddata))
+
+    def reference(x, data):  # the same function through XLA's dot on the unpacked weight
+        y = jnp.dot(x.astype(jnp.float32), PackedBf16(data, shape).unpack().astype(jnp.float32))
+        return gated_reference(y, activation) if epilogue == "gated" else y.astype(
+            jnp.float32 if epilogue is None else jnp.bfloat16)
+
+    _, tangent = jax.jvp(reference, (x, data), (dx, ddata))
+    return _gemm_x(x, data, shape, threads, epilogue, activation), tangent

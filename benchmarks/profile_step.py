@@ -1,0 +1,89 @@
+"""Where a served step's time goes: one workload run under ``jax.profiler``, the XLA:CPU thunks summed by kind.
+
+    python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--dtype bfloat16] [--workload batch64]
+                                      [--top 25] [--out profile.json]
+
+The engine (the same one ``benchmarks/peers/compare.py`` builds: 1 GiB of KV cache, greedy, EOS ignored) is warmed
+up, runs the workload once untraced, then once inside a trace. The Perfetto trace's events are grouped by name with
+the numbers stripped (``fusion.123`` and ``fusion.7`` count as ``fusion``; a custom call as its FFI target), and
+reported as milliseconds per engine step, summed over threads (two threads each busy 1 ms count 2 ms), beside the
+run's wall-clock step time. Workloads as compare.py's: batch64 (64 requests 64 -> 128), batch1, sharegpt.
+"""
+import argparse
+import collections
+import gzip
+import json
+import pathlib
+import re
+import sys
+import tempfile
+import time
+
+import jax
+
+from jaxserve.bench.backends import BenchOptions, JaxserveBackend
+from jaxserve.bench.throughput import load_model
+from jaxserve.bench.workload import make_workload
+
+WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128)}  # requests, prompt, output
+
+
+def thunk_kind(event: dict) -> str:
+    """An event's name without its instance numbers; a custom call by its target when the trace names it."""
+    name = event.get("name", "")
+    target = (event.get("args") or {}).get("custom_call_target") or (event.get("args") or {}).get("target")
+    if target:
+        return f"custom-call:{target}"
+    return re.sub(r"[._]\d+", "", name)
+
+
+def summarize(trace_dir: pathlib.Path, steps: int) -> list[tuple[str, float, int]]:
+    """[(kind, ms per step, events per step)], largest first, from the Perfetto trace under ``trace_dir``."""
+    path = next(trace_dir.rglob("perfetto_trace.json.gz"))
+    events = json.loads(gzip.decompress(path.read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    totals, counts = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e:
+            kind = thunk_kind(e)
+            totals[kind] += e["dur"] / 1e3
+            counts[kind] += 1
+    return [(k, ms / steps, counts[k] / steps) for k, ms in totals.most_common()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--workload", default="batch64", choices=sorted(WORKLOADS))
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out")
+    ap.add_argument("--trace-dir", help="keep the trace here (default: a temporary directory)")
+    args = ap.parse_args()
+    n, prompt, output = WORKLOADS[args.workload]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_model(args.model, 0, tmp)
+        backend = JaxserveBackend(model, BenchOptions(dtype=args.dtype))
+        requests = make_workload("fixed", n, model.config.vocab_size, 1024, input_len=(prompt, prompt),
+                                 output_len=(output, output))
+        plain = backend.run(requests)
+        trace_dir = pathlib.Path(args.trace_dir or pathlib.Path(tmp) / "trace")
+        with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+            start = time.perf_counter()
+            traced = backend.run(requests)
+            traced_s = time.perf_counter() - start
+        rows = summarize(trace_dir, traced["steps"])
+    step_ms = 1e3 * plain["elapsed_s"] / plain["steps"]
+    print(f"{args.model} {args.dtype} {args.workload}: {plain['steps']} steps, {step_ms:.1f} ms a step untraced, "
+          f"{1e3 * traced_s / traced['steps']:.1f} traced; {plain['output_tokens'] / plain['elapsed_s']:.0f} tok/s")
+    print(f"{'kind':60s} {'ms/step':>8s} {'calls/step':>10s}")
+    for kind, ms, calls in rows[:args.top]:
+        print(f"{kind[:60]:60s} {ms:8.2f} {calls:10.1f}")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(
+            {"command": "python benchmarks/profile_step.py " + " ".join(sys.argv[1:]), "step_ms": step_ms,
+             "rows": [{"kind": k, "ms_per_step": ms, "calls_per_step": c} for k, ms, c in rows]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
