@@ -18,8 +18,11 @@
 // reads only the pages holding keys one of its rows sees, each page through its block-table id clamped into
 // [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
 // the context, or before the window) may hold anything, NaN included: their scores are selected away and their V
-// rows never touched. Items run on XLA's intra-op pool (parallel.h); each computes its outputs alone, in one
-// order, so the result does not depend on the thread count.
+// rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed kItemsPerChunk at a time, each asking for
+// the next one's pages while it computes; each computes its outputs alone, in one order, so the result does not
+// depend on the thread count.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +43,9 @@ constexpr int kLanes = 16;
 using vf = float __attribute__((vector_size(4 * kLanes)));
 using vi = int32_t __attribute__((vector_size(4 * kLanes)));
 constexpr int64_t kRowsPerItem = 8;
+constexpr int64_t kItemsPerChunk = 16;  // items a thread claims at once (each prefetches the next one's pages)
+constexpr int64_t kPrefetchPages = 64;  // pages of the next item asked for at most
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 vf splat(float x) { return vf{} + x; }
@@ -93,12 +99,19 @@ vf load(const float* p) {
 // K/V elements: float32, or bf16 bits (uint16_t) widened exactly (a 16-bit shift).
 using vh = uint16_t __attribute__((vector_size(2 * kLanes)));
 vf load(const uint16_t* p) {
+#if defined(__AVX512F__)
+  // one vpmovzxwd from memory and a shift (the vector extension's conversion took two half conversions and an insert)
+  const __m512 x = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  return (vf)x;
+#else
   vh h;
   std::memcpy(&h, p, sizeof h);
   const vi w = __builtin_convertvector(h, vi) << 16;
   vf x;
   std::memcpy(&x, &w, sizeof x);
   return x;
+#endif
 }
 
 inline float widen(float x) { return x; }
@@ -274,7 +287,8 @@ constexpr int64_t kGroupPages = kS > 0 ? std::max<int64_t>(kScorePages<kS>, kGro
 
 template <int kS, class KV>
 void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, const int32_t* tables,
-                 int64_t context_len, const Item& it, float* out, Scratch& w) {
+                 int64_t context_len, const Item& it, float* out, Scratch& w, const int32_t* next_tables,
+                 int64_t next_len, const Item* next) {
   constexpr int64_t kP = kScorePages<kS>, kG = kGroupPages<kS>;
   static_assert(kG % kP == 0 && kG <= kMaxGroup, "a group is whole score calls");
   const int64_t D = sh.D, G = sh.G, S = kS ? kS : sh.S, sp = (S + kLanes - 1) / kLanes * kLanes, ld = kG * sp;
@@ -300,6 +314,22 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
     if (w.lo[r * G] <= w.hi[r * G]) {  // a row seeing nothing (position < 0) widens nothing
       lo = std::min(lo, w.lo[r * G]);
       hi = std::max(hi, w.hi[r * G]);
+    }
+  }
+  // The next item's pages, asked for into L2 while this one computes: an item's pages lie anywhere in the pool, and
+  // at batch 64 a layer's K/V (6 MB) come from memory, where the item's own prefetches, one score call ahead, left
+  // its first loads waiting (15% less time a call in a one-thread harness over 30 layers' pools). At most
+  // kPrefetchPages: a long prefill item's later pages come with its own prefetches.
+  if (next != nullptr) {
+    const int64_t nhi = std::min({next->pos0 + next->rows - 1, next_len - 1, sh.M * S - 1});
+    const int64_t nlo = sh.window > 0 ? std::max<int64_t>(0, next->pos0 - sh.window + 1) : 0;
+    for (int64_t page = nlo / S; nhi >= nlo && page <= std::min(nhi / S, nlo / S + kPrefetchPages - 1); ++page) {
+      const int64_t id = std::clamp<int64_t>(next_tables[page], 0, sh.P - 1);
+      const KV* kq = kt + (id * sh.K + next->head) * D * S;
+      for (int64_t f = 0; f < D * S; f += 64 / sizeof(KV)) _mm_prefetch(reinterpret_cast<const char*>(kq + f), _MM_HINT_T1);
+      const KV* vq = v + (id * S * sh.K + next->head) * D;
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t d = 0; d < D; d += 64 / sizeof(KV)) _mm_prefetch(reinterpret_cast<const char*>(vq + j * sh.K * D + d), _MM_HINT_T1);
     }
   }
   const KV* kp[kMaxGroup];
@@ -363,10 +393,16 @@ template <int kS, class KV>
 void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
             const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, float* out,
             int64_t threads) {
-  jaxserve::parallel_chunks(pool, int64_t(items.size()), threads, [&](int64_t c) {
+  const int64_t n = int64_t(items.size()), chunks = (n + kItemsPerChunk - 1) / kItemsPerChunk;
+  jaxserve::parallel_chunks(pool, chunks, threads, [&](int64_t c) {
     thread_local Scratch scratch;
-    const Item& it = items[c];
-    attend_item<kS>(sh, q, kt, v, tables + it.seq * sh.M, context_lens[it.seq], it, out, scratch);
+    const int64_t i1 = std::min(n, (c + 1) * kItemsPerChunk);
+    for (int64_t i = c * kItemsPerChunk; i < i1; ++i) {
+      const Item& it = items[i];
+      const Item* next = i + 1 < i1 ? &items[i + 1] : nullptr;
+      attend_item<kS>(sh, q, kt, v, tables + it.seq * sh.M, context_lens[it.seq], it, out, scratch,
+                      next ? tables + next->seq * sh.M : nullptr, next ? context_lens[next->seq] : 0, next);
+    }
   });
 }
 
