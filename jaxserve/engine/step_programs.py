@@ -12,12 +12,15 @@ looks the same under every matmul setting) selects the matmul of quantized weigh
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.engine.batching import NUM_TOP_LOGPROBS
+from jaxserve.kernels.cpu.packed import packed_argmax
+from jaxserve.layers import packed_logits
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import logprobs_if, sample, token_logprobs
@@ -41,12 +44,44 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     ``layout`` (a ``jaxserve.parallel.layout.Layout``): the mesh params and pool live on; the pool
     stays sharded as it came in, and the results come back replicated."""
     TRACES[0] += 1
+    head = greedy_head(params, config, layout) if quant is None else None
     with matmul_context(quant):
-        logits, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
-                                  attention_impl=attention_impl, logits_indices=logits_indices,
-                                  router_state=router_state, layout=layout)
-    if layout is not None:
-        kv_pool, logits = layout.constrain_pool(kv_pool), layout.replicate(logits)
+        out, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,
+                               attention_impl=attention_impl, logits_indices=logits_indices,
+                               router_state=router_state, layout=layout, hidden_only=head is not None)
+    if head is None:
+        if layout is not None:
+            kv_pool, out = layout.constrain_pool(kv_pool), layout.replicate(out)
+        results = _sample_rows(out, sample_entry, sbatch, want_top, want_logprobs)
+        return (results if layout is None else layout.replicate(results)), kv_pool
+    # A step whose rows are all greedy and ask for no log-probs takes its tokens from the head's GEMM (the first
+    # column of each row's largest bf16 logit, as the argmax of the logits gives it) without writing the [R, V]
+    # logits; any other step computes them as forward would.
+    hidden = out.astype(config.dtype)  # (the final norm's output, exactly)
+    r, k = sample_entry.shape[0], min(NUM_TOP_LOGPROBS, config.vocab_size)
+    fast = jnp.all(sbatch.temperature <= 0) & jnp.logical_not(want_logprobs) & jnp.logical_not(want_top)
+    results = jax.lax.cond(
+        fast, lambda: (packed_argmax(hidden, head)[sample_entry], jnp.full((r,), jnp.nan, jnp.float32),
+                       jnp.zeros((r, k), jnp.float32), jnp.zeros((r, k), jnp.int32)),
+        lambda: _sample_rows(packed_logits(head, hidden, config.dtype).astype(jnp.float32), sample_entry, sbatch,
+                             want_top, want_logprobs))
+    return results, kv_pool
+
+
+def greedy_head(params, config, layout):
+    """The packed tied LM head (``kernels.cpu.packed.pack_tied_head``) a plain step can take greedy tokens from
+    (``packed_argmax``): a bf16 model with its tied head packed, on one device, no int8 head, no logit soft-cap;
+    else None. Decided by the params' structure: static under jit."""
+    from jaxserve.kernels.cpu.packed import PackedBf16
+    head = params.get("tied_head", {}).get("kernel") if isinstance(params, Mapping) else None
+    ok = (isinstance(head, PackedBf16) and config.tie_word_embeddings and "int8_head" not in params
+          and config.final_logit_softcap is None and layout is None and jnp.dtype(config.dtype) == jnp.bfloat16)
+    return head if ok else None
+
+
+def _sample_rows(logits, sample_entry, sbatch, want_top, want_logprobs):
+    """A draw per sample row from logits f32[B, V]: (tokens i32[R], their log-probs f32[R] (NaN unless
+    ``want_logprobs``), the top candidates' log-probs f32[R, k] and ids i32[R, k] (zeros unless ``want_top``))."""
     toks, logprobs = sample(logits, sbatch, want_logprobs, rows=sample_entry)
     k, r = min(NUM_TOP_LOGPROBS, logits.shape[-1]), sample_entry.shape[0]
     # a runtime branch, not a static flag (which would double the programs): only beam search
@@ -54,8 +89,7 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     top_logprobs, top_ids = jax.lax.cond(
         want_top, lambda: tuple(jax.lax.top_k(jax.nn.log_softmax(logits[sample_entry], axis=-1), k)),
         lambda: (jnp.zeros((r, k), jnp.float32), jnp.zeros((r, k), jnp.int32)))
-    results = (toks, logprobs, top_logprobs, top_ids)
-    return (results if layout is None else layout.replicate(results)), kv_pool
+    return toks, logprobs, top_logprobs, top_ids
 
 
 SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant", "layout")

@@ -188,15 +188,16 @@ def param_shapes(config: ModelConfig) -> dict:
 def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
             kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
             logits_indices: jax.Array | None = None, router_state: dict | None = None,
-            layout: Layout | None = None) -> tuple[jax.Array, KVPool]:
+            layout: Layout | None = None, hidden_only: bool = False) -> tuple[jax.Array, KVPool]:
     """Serving step over a packed batch.
 
     tokens, positions: i32[T]; kv_pool: the paged pool, in the layout ``attention_impl`` reads; meta: where each
     sequence's K/V live. Returns ``(logits f32[T or len(logits_indices), V], kv_pool)`` with this
     step's K/V written into the pool. ``layout``: the device mesh the params and pool are placed on
-    (tensor-parallel attention per shard, expert-parallel MoE), or None for one device.
+    (tensor-parallel attention per shard, expert-parallel MoE), or None for one device. ``hidden_only``: the
+    final-normed hidden states f32[..., E] instead of the logits (a caller that applies the head itself).
     """
-    return Transformer(config, attention_impl, layout).apply(
+    return Transformer(config, attention_impl, layout, hidden_only).apply(
         _variables(params, router_state), tokens, positions, kv_pool, meta, logits_indices)
 
 

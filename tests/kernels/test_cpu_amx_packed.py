@@ -14,7 +14,7 @@ from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, pack_bf16, pack_dense_kernels,
-                                         pack_tied_head)
+                                         pack_tied_head, packed_argmax)
 from jaxserve.layers import ACTIVATIONS, dense
 from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
@@ -279,3 +279,40 @@ def test_bf16_engine_packs_its_kernels_and_agrees_with_the_stored_layout():
         assert "tied_head" not in llm.engine.runner.params  # tiny-code has an LM head of its own
         outs[layout] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     _assert_greedy_agrees(outs["auto"], outs["as_stored"])
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(64, 576, 4096), (1, 576, 1000), (9, 64, 100), (33, 50, 17), (17, 33, 70)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_argmax_is_the_argmax_of_the_bf16_logits(m, k, n, threads):
+    """packed_argmax = jnp.argmax of the bf16 GEMM's result, without the [M, N] matrix: the first maximal column,
+    also across the threads' column ranges (rows of equal columns: the first one)."""
+    rng = np.random.default_rng(m + n)
+    x, p = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), pack_bf16(_weight(k, n, m))
+    want = jnp.argmax(bf16_gemm_packed(x, p, threads=threads, out_dtype=jnp.bfloat16).astype(jnp.float32), -1)
+    got = jax.jit(lambda x: packed_argmax(x, p, threads=threads))(x)
+    assert got.dtype == jnp.int32 and got.shape == (m,)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    tied = pack_bf16(jnp.concatenate([_weight(k, 3, 7)] * (n // 3 + 1), 1)[:, :n])  # columns repeating every 3
+    first = np.asarray(packed_argmax(x, tied, threads=threads))
+    assert (first < 3).all()
+
+
+@needs_amx
+def test_bf16_engine_takes_greedy_tokens_from_the_head_gemm(monkeypatch):
+    """A bf16 tied model with its head packed: an all-greedy step without log-probs takes its tokens from
+    packed_argmax (the step program holds the argmax epilogue), and they are the tokens a step computing the
+    logits (asked for log-probs) draws, request by request."""
+    from jaxserve.engine import step_programs
+    traced = []
+    monkeypatch.setattr(step_programs, "packed_argmax", lambda *a: traced.append(1) or packed_argmax(*a))
+    jax.clear_caches()  # (the step programs are shared: this test's must be traced with the spy)
+    config = get_preset("tiny-llama").replace(dtype="bfloat16", tie_word_embeddings=True)
+    llm = LLM.from_params(config, init_params(config, jax.random.key(0)), None, max_num_seqs=4, max_model_len=64)
+    assert step_programs.greedy_head(llm.engine.runner.params, config, None) is not None
+    prompts = [[1, 5, 9], [2, 7, 30, 41, 8], [3]]
+    fast = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)
+    slow = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=True),
+                        use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in slow]
+    assert traced  # the fast branch is in the step program

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -237,7 +238,9 @@ constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk hold
 //               by XLA (jaxserve.kernels.cpu.packed), and a product of two bf16 values is exact in float32, so y holds
 //               the bits of the unfused graph (a bf16 gate_up, then act(gate) * up), with the [M, 2 I] matrix never
 //               written: a gated MLP's activation in the GEMM's epilogue.
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2 };
+//   kArgmaxBf16: y i32[M], the first column of each row's largest bf16-rounded sum (jnp.argmax of kBf16's result:
+//               a greedy LM head's tokens without its [M, N] logits; NaN sums are never the largest).
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3 };
 
 // C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp,
 // each C tile taking the k blocks in order, one TDPBF16PS each: kn_block's tile ops, the same bits.
@@ -326,6 +329,27 @@ void put_gated(const float* gate, const float* up, int64_t rows, const float* ac
     }
 }
 
+// Rows [0, rows) of a [.][32] float32 block (columns n0 .. n0 + 32, those < N counted) rounded to bf16, folded into
+// the rows' running maxima: 16 lanes of (value, column) per row at best / at (row m's at m * 16). A lane keeps the
+// first column of its largest value (a later equal one is not greater), so lanes reduced by (largest value, then
+// smallest column) give jnp.argmax's first maximal column.
+void put_argmax(const float* buf, int64_t rows, int64_t N, int64_t m0, int64_t n0, float* best, int32_t* at) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t i = 0; i < rows; ++i) {
+    __m512 b = _mm512_load_ps(best + (m0 + i) * 16);
+    __m512i a = _mm512_load_si512(at + (m0 + i) * 16);
+    for (int64_t c = 0; c < 32; c += 16) {
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c));
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      const __mmask16 gt = _mm512_mask_cmp_ps_mask(mask16(N - n0 - c), v, b, _CMP_GT_OQ);
+      b = _mm512_mask_mov_ps(b, gt, v);
+      a = _mm512_mask_mov_epi32(a, gt, _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(n0 + c))));
+    }
+    _mm512_store_ps(best + (m0 + i) * 16, b);
+    _mm512_store_si512(at + (m0 + i) * 16, a);
+  }
+}
+
 // x bf16[M, K] -> bf16 [Mp, Kp], zero padded to whole tiles (x_to_bf16's layout; rows in this thread's buffer, 64-byte
 // aligned).
 const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
@@ -352,9 +376,23 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int
   float* const y32 = static_cast<float*>(out);
   uint16_t* const y16 = static_cast<uint16_t*>(out);
   const int64_t t = std::max<int64_t>(1, std::min(threads, G));
+  // kArgmaxBf16: each chunk's running maxima (put_argmax), reduced in chunk order (lower columns first) at the end
+  const bool argmax = epilogue == kArgmaxBf16;
+  std::unique_ptr<float[]> best_buf(argmax ? new float[t * M * 16 + 16] : nullptr);
+  std::unique_ptr<int32_t[]> at_buf(argmax ? new int32_t[t * M * 16 + 16] : nullptr);
+  float* const best = argmax ? reinterpret_cast<float*>(round_up(reinterpret_cast<intptr_t>(best_buf.get()), 64)) : nullptr;
+  int32_t* const at = argmax ? reinterpret_cast<int32_t*>(round_up(reinterpret_cast<intptr_t>(at_buf.get()), 64)) : nullptr;
+  if (argmax) {
+    std::fill_n(best, t * M * 16, -std::numeric_limits<float>::infinity());
+    std::fill_n(at, t * M * 16, std::numeric_limits<int32_t>::max());
+  }
   jaxserve::parallel_chunks(pool, t, t, [&](int64_t c) {
     alignas(64) float block[2 * kTileRows * 32], block2[2 * kTileRows * 32];
     const int64_t r0 = c * G / t, r1 = (c + 1) * G / t;
+    auto emit = [&](const float* buf, int64_t rows, int64_t m0, int64_t n0) {  // a block's bf16 epilogues
+      if (argmax) put_argmax(buf, rows, N, m0, n0, best + c * M * 16, at + c * M * 16);
+      else put_bf16(buf, rows, y16, N, m0, n0);
+    };
     auto group = [&](int64_t g) { return packed + g * group_elems; };
     for (int64_t g0 = r0; g0 < r1; g0 += kPackedChunkGroups) {
       const int64_t g1 = std::min(r1, g0 + kPackedChunkGroups);
@@ -370,9 +408,9 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int
               STORE_C(1, y32, N, m0, g * 32 + 16, M - m0, N - g * 32 - 16);
               STORE_C(2, y32, N, m0 + kTileRows, g * 32, M - m0 - kTileRows, N - g * 32);
               STORE_C(3, y32, N, m0 + kTileRows, g * 32 + 16, M - m0 - kTileRows, N - g * 32 - 16);
-            } else if (epilogue == kBf16) {
+            } else if (!gated) {
               store_pair_block(block);
-              put_bf16(block, rows, y16, N, m0, g * 32);
+              emit(block, rows, m0, g * 32);
             } else {
               store_pair_block(block);
               pair_sums(xa, Kp, m0, group(up + g));
@@ -402,8 +440,8 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int
             STORE_C(3, y32, N, m0, g * 32 + 48, M - m0, N - g * 32 - 48);
           } else {
             store_two_blocks(block, block2);
-            put_bf16(block, rows, y16, N, m0, g * 32);
-            put_bf16(block2, rows, y16, N, m0, g * 32 + 32);
+            emit(block, rows, m0, g * 32);
+            emit(block2, rows, m0, g * 32 + 32);
           }
         }
         if (g < g1) {
@@ -414,13 +452,27 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int
           } else {
             _tile_stored(0, block, 128);
             _tile_stored(1, block + 16, 128);
-            put_bf16(block, rows, y16, N, m0, g * 32);
+            emit(block, rows, m0, g * 32);
           }
         }
       }
     }
     _tile_release();
   });
+  if (argmax) {
+    int32_t* const y = static_cast<int32_t*>(out);
+    for (int64_t m = 0; m < M; ++m) {
+      float v = -std::numeric_limits<float>::infinity();
+      int32_t col = std::numeric_limits<int32_t>::max();
+      for (int64_t c = 0; c < t; ++c)
+        for (int64_t l = 0; l < 16; ++l) {
+          const float b = best[(c * M + m) * 16 + l];
+          const int32_t a = at[(c * M + m) * 16 + l];
+          if (b > v || (b == v && a < col)) v = b, col = a;
+        }
+      y[m] = col == std::numeric_limits<int32_t>::max() ? 0 : col;  // no value above -inf: column 0, as jnp.argmax
+    }
+  }
 }
 
 // y f32[M, N] = x f32[M, K] @ w packed (the kF32 epilogue; the guard-page harness's entry).
@@ -531,7 +583,7 @@ constexpr bool kBuiltWithAmx = false;
 void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2 };
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3 };
 const uint16_t* x_to_bf16(const float*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 const uint16_t* x_bf16_padded(const uint16_t*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 void gemm_packed_bf16x(ffi::ThreadPool&, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, void*, Epilogue,
@@ -560,26 +612,30 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
-// y = x @ w, w as pack_bf16 packed it: bf16[ceil(N / 32), round_up(K, 32) * 32]; x f32 or bf16 [M, K]; y as the
-// attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], or bf16[M, N / 2] for a gated [gate | up] weight, whose
-// activation table act is f32[65536]; the other epilogues take any act, unread). N comes from y.
+// y = x @ w, w [K, N] as pack_bf16 packed it: bf16[ceil(N / 32), round_up(K, 32) * 32] (N the attribute n); x f32
+// or bf16 [M, K]; y as the attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], bf16[M, N / 2] for a gated
+// [gate | up] weight, whose activation table act is f32[65536] (the others take any act, unread), or i32[M]).
 ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16, 2> packed,
                           ffi::Buffer<ffi::F32, 1> act, ffi::Result<ffi::AnyBuffer> y, int64_t threads,
-                          int64_t epilogue) {
+                          int64_t epilogue, int64_t N) {
   const std::string name = "bf16_gemm_packed";
   if (!amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
-  if (epilogue < kF32 || epilogue > kGatedBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
-  const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32 : ffi::DataType::BF16;
-  if (x.dimensions().size() != 2 || y->dimensions().size() != 2 || y->element_type() != want_y ||
+  if (epilogue < kF32 || epilogue > kArgmaxBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
+  const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32
+                               : epilogue == kArgmaxBf16 ? ffi::DataType::S32 : ffi::DataType::BF16;
+  const size_t y_rank = epilogue == kArgmaxBf16 ? 1 : 2;
+  if (x.dimensions().size() != 2 || y->dimensions().size() != y_rank || y->element_type() != want_y ||
       (x.element_type() != ffi::DataType::F32 && x.element_type() != ffi::DataType::BF16))
-    return ffi::Error::InvalidArgument(name + ": x must be f32 or bf16 [M, K], y [M, N] of the epilogue's type");
+    return ffi::Error::InvalidArgument(name + ": x must be f32 or bf16 [M, K], y of the epilogue's type and rank");
   const int64_t M = x.dimensions()[0], K = x.dimensions()[1];
-  const int64_t N = epilogue == kGatedBf16 ? 2 * y->dimensions()[1] : y->dimensions()[1];
   if (y->dimensions()[0] != M || packed.dimensions()[0] != (N + 31) / 32 ||
-      packed.dimensions()[1] != (K + 31) / 32 * 32 * 32)
+      packed.dimensions()[1] != (K + 31) / 32 * 32 * 32 ||
+      (y_rank == 2 && y->dimensions()[1] != (epilogue == kGatedBf16 ? N / 2 : N)))
     return ffi::Error::InvalidArgument(name + ": the packed weight's shape does not match K and N");
   if (epilogue == kGatedBf16 && (N % 64 != 0 || act.dimensions()[0] != 65536))
     return ffi::Error::InvalidArgument(name + ": a gated epilogue needs N / 2 a multiple of 32 and a 65536-entry table");
+  if (epilogue == kArgmaxBf16 && (N == 0 || N > std::numeric_limits<int32_t>::max()))
+    return ffi::Error::InvalidArgument(name + ": an argmax needs 0 < N < 2^31 columns");
   if (M == 0 || N == 0) return ffi::Error::Success();
   const int64_t Mp = round_up(M, 16), Kp = round_up(K, 32);
   const uint16_t* xa = x.element_type() == ffi::DataType::F32
@@ -616,6 +672,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                                   .Arg<F32Vector>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("epilogue"));
+                                  .Attr<int64_t>("epilogue")
+                                  .Attr<int64_t>("n"));
 
 extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

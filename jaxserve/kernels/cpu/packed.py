@@ -121,7 +121,7 @@ def pack_tied_head(params):
     return out
 
 
-_EPILOGUES = {None: 0, "bf16": 1, "gated": 2}  # amx.cc's Epilogue
+_EPILOGUES = {None: 0, "bf16": 1, "gated": 2, "argmax": 3}  # amx.cc's Epilogue
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,7 +182,7 @@ def _gemm_x(x, data, shape, threads, epilogue, activation):
                                jnp.float32 if epilogue is None else jnp.bfloat16)
     table = activation_table(activation) if activation else np.zeros(1, np.float32)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", out, vmap_method="sequential")
-    return call(x, data, table, threads=threads, epilogue=_EPILOGUES[epilogue])
+    return call(x, data, table, threads=threads, epilogue=_EPILOGUES[epilogue], n=shape[1])
 
 
 @_gemm_x.defjvp
@@ -196,3 +196,23 @@ def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
 
     _, tangent = jax.jvp(reference, (x, data), (dx, ddata))
     return _gemm_x(x, data, shape, threads, epilogue, activation), tangent
+
+
+def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
+    """x f32/bf16[M, K] @ w (a ``PackedBf16`` [K, N]) -> i32[M]: each row's first column of the largest sum rounded to
+    bf16, ``jnp.argmax(bf16_gemm_packed(x, w, out_dtype=bfloat16), -1)`` without the [M, N] matrix (a greedy LM
+    head's tokens: the engine's all-greedy steps). Not differentiable. Needs ``matmul.amx_usable()``."""
+    x = jnp.asarray(x)
+    k, n = w.shape
+    if x.ndim != 2 or x.shape[1] != k or not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"packed_argmax: x must be floating point [M, {k}] for a [{k}, {n}] weight, "
+                         f"got x{x.shape} {x.dtype}")
+    if n == 0:
+        raise ValueError("packed_argmax: the weight has no columns")
+    if build.load() is None or not amx_granted():
+        raise RuntimeError("packed_argmax: AMX tiles are unavailable")
+    x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
+    call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0],), jnp.int32),
+                            vmap_method="sequential")
+    return call(jax.lax.stop_gradient(x), w.data, np.zeros(1, np.float32), threads=threads or default_threads(),
+                epilogue=_EPILOGUES["argmax"], n=n)
