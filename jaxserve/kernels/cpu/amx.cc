@@ -169,10 +169,11 @@ void pack_w(const uint16_t* w, int64_t K, int64_t N, int64_t n0, int64_t width, 
   }
 }
 
-// One 32-row block of x (two tiles; kTwo false: the last block, one tile) times 32 packed columns (group g, g + 1).
+// C 0-1 (kTwo: and C 2-3) = one block of rows of x from m0 (kTwo: two 16-row tiles, C 2-3 the second; else one tile of
+// the configured rows) times 32 packed columns: for each k block kb, the two B tiles at b0 + kb * kb_stride. Each C
+// tile takes the k blocks in order, one TDPBF16PS each: the same bits whatever the blocking around it.
 template <bool kTwo>
-void kn_block(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* packed, int64_t groups, int64_t g,
-              float* y, int64_t M, int64_t N, int64_t n) {
+void group_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* b0, int64_t kb_stride) {
   _tile_zero(0);
   _tile_zero(1);
   if (kTwo) {
@@ -180,7 +181,7 @@ void kn_block(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* packed
     _tile_zero(3);
   }
   for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
-    const uint16_t* b = packed + (kb * groups + g) * 16 * 32;
+    const uint16_t* b = b0 + kb * kb_stride;
     _tile_loadd(6, b, 64);
     _tile_loadd(7, b + 16 * 32, 64);
     _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
@@ -192,6 +193,13 @@ void kn_block(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* packed
       _tile_dpbf16ps(3, 5, 7);
     }
   }
+}
+
+// One 32-row block of x (two tiles; kTwo false: the last block, one tile) times 32 packed columns (group g, g + 1).
+template <bool kTwo>
+void kn_block(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* packed, int64_t groups, int64_t g,
+              float* y, int64_t M, int64_t N, int64_t n) {
+  group_sums<kTwo>(xa, Kp, m0, packed + g * 16 * 32, groups * 16 * 32);
   STORE_C(0, y, N, m0, n, M - m0, N - n);
   STORE_C(1, y, N, m0, n + 16, M - m0, N - n - 16);
   if (kTwo) {
@@ -242,24 +250,9 @@ constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk hold
 //               a greedy LM head's tokens without its [M, N] logits; NaN sums are never the largest).
 enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3 };
 
-// C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp,
-// each C tile taking the k blocks in order, one TDPBF16PS each: kn_block's tile ops, the same bits.
-void pair_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
-    const uint16_t* b = gp + kb * 2 * 16 * 32;
-    _tile_loadd(6, b, 64);
-    _tile_loadd(7, b + 16 * 32, 64);
-    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, xa + (m0 + kTileRows) * Kp + kb * kTileK, Kp * 2);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
+// C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp.
+inline void pair_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
+  group_sums<true>(xa, Kp, m0, gp, 2 * 16 * 32);
 }
 
 // One block of at most 16 rows of x (load_tile_config_rows: C and A tiles of that many rows) times two groups of 32
@@ -285,17 +278,8 @@ void rest_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* g0p, 
 }
 
 // The same for one group (C 0-1).
-void rest_sum1(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
-  _tile_zero(0);
-  _tile_zero(1);
-  for (int64_t kb = 0; kb < Kp / kTileK; ++kb) {
-    const uint16_t* b = gp + kb * 2 * 16 * 32;
-    _tile_loadd(6, b, 64);
-    _tile_loadd(7, b + 16 * 32, 64);
-    _tile_loadd(4, xa + m0 * Kp + kb * kTileK, Kp * 2);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-  }
+inline void rest_sum1(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
+  group_sums<false>(xa, Kp, m0, gp, 2 * 16 * 32);
 }
 
 // C 0-1 -> a [rows][32] float32 block at buf (rows 128 bytes apart), C 2-3 -> the block at buf2; pair blocks: C 0-3 ->
