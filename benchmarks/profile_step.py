@@ -25,7 +25,7 @@ from jaxserve.bench.backends import BenchOptions, JaxserveBackend
 from jaxserve.bench.throughput import load_model
 from jaxserve.bench.workload import make_workload
 
-WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128)}  # requests, prompt, output
+WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "sharegpt": (64, None, None)}  # requests, in, out
 
 
 def thunk_kind(event: dict) -> str:
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--workload", default="batch64", choices=sorted(WORKLOADS))
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sharegpt-scale", type=float, default=0.5, help="as compare.py's --sharegpt-scale")
     ap.add_argument("--out")
     ap.add_argument("--trace-dir", help="keep the trace here (default: a temporary directory)")
     args = ap.parse_args()
@@ -64,8 +65,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(args.model, 0, tmp)
         backend = JaxserveBackend(model, BenchOptions(dtype=args.dtype))
-        requests = make_workload("fixed", n, model.config.vocab_size, 1024, input_len=(prompt, prompt),
-                                 output_len=(output, output))
+        requests = (make_workload("sharegpt", n, model.config.vocab_size, 1024, length_scale=args.sharegpt_scale)
+                    if prompt is None else make_workload("fixed", n, model.config.vocab_size, 1024,
+                                                         input_len=(prompt, prompt), output_len=(output, output)))
         plain = backend.run(requests)
         trace_dir = pathlib.Path(args.trace_dir or pathlib.Path(tmp) / "trace")
         with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
