@@ -7,9 +7,12 @@ The engine (the same one ``benchmarks/peers/compare.py`` builds: 1 GiB of KV cac
 up, runs the workload once untraced, then once inside a trace. The Perfetto trace's events are grouped by name with
 the numbers stripped (``fusion.123`` and ``fusion.7`` count as ``fusion``; a custom call as its FFI target), and
 reported as milliseconds per engine step, summed over threads (two threads each busy 1 ms count 2 ms), beside the
-run's wall-clock step time. Workloads as compare.py's: batch64 (64 requests 64 -> 128), batch1, sharegpt.
+run's wall-clock step time; then the decode steps' custom calls by their place in a layer (SmolLM2 bf16 on AMX: the
+fused q/k/v GEMM, attention, o, gate/up with its SiLU, down) and the LM head, with the other thunks inside those
+steps (thunks nest: a ``cond`` counts the calls of its branch, e.g. the greedy head). Workloads as compare.py's: batch64 (64 requests 64 -> 128), batch1, sharegpt.
 """
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -37,18 +40,52 @@ def thunk_kind(event: dict) -> str:
     return re.sub(r"[._]\d+", "", name)
 
 
-def summarize(trace_dir: pathlib.Path, steps: int) -> list[tuple[str, float, int]]:
-    """[(kind, ms per step, events per step)], largest first, from the Perfetto trace under ``trace_dir``."""
+def trace_events(trace_dir: pathlib.Path) -> list[dict]:
+    """The complete ("X") events of the Perfetto trace under ``trace_dir``, in time order."""
     path = next(trace_dir.rglob("perfetto_trace.json.gz"))
     events = json.loads(gzip.decompress(path.read_bytes()))
     events = events["traceEvents"] if isinstance(events, dict) else events
+    return sorted((e for e in events if e.get("ph") == "X" and "dur" in e), key=lambda e: e["ts"])
+
+
+def summarize(events: list[dict], steps: int) -> list[tuple[str, float, int]]:
+    """[(kind, ms per step, events per step)], largest first."""
     totals, counts = collections.Counter(), collections.Counter()
     for e in events:
-        if e.get("ph") == "X" and "dur" in e:
-            kind = thunk_kind(e)
-            totals[kind] += e["dur"] / 1e3
-            counts[kind] += 1
+        kind = thunk_kind(e)
+        totals[kind] += e["dur"] / 1e3
+        counts[kind] += 1
     return [(k, ms / steps, counts[k] / steps) for k, ms in totals.most_common()]
+
+
+def per_layer(events: list[dict], num_layers: int) -> tuple[int, dict]:
+    """The decode steps' custom calls by their place in a layer: the program runs ``num_layers`` layers of k FFI
+    calls each (GEMMs, attention) and one more (the LM head); steps with the most common count of calls are kept.
+    -> (steps kept, {"call i of a layer" / "head" / other thunk kinds: ms per step, summed over the layers})."""
+    starts = [e["ts"] for e in events]
+    windows = []
+    for step in (e for e in events if e["name"] == "ThunkExecutor::Execute (wait for completion)"):
+        inside = [e for e in events[bisect.bisect_left(starts, step["ts"]):
+                                    bisect.bisect_right(starts, step["ts"] + step["dur"])] if e is not step]
+        windows.append((step, inside, [e for e in inside if e["name"].startswith("ffi_call")]))
+    if not windows:
+        return 0, {}
+    common = collections.Counter(len(ffi) for _, _, ffi in windows).most_common(1)[0][0]
+    if (common - 1) % num_layers:
+        return 0, {}
+    per, kept, totals = (common - 1) // num_layers, 0, collections.Counter()
+    for step, inside, ffi in windows:
+        if len(ffi) != common:
+            continue
+        kept += 1
+        totals["step (traced)"] += step["dur"]
+        for i, e in enumerate(ffi[:-1]):
+            totals[f"call {i % per} of a layer"] += e["dur"]
+        totals["head (last call)"] += ffi[-1]["dur"]
+        for e in inside:
+            if not e["name"].startswith(("ffi_call", "end:", "Thunk", "Threadpool", "$")):
+                totals[thunk_kind(e)] += e["dur"]
+    return kept, {k: v / kept / 1e3 for k, v in totals.most_common()}
 
 
 def main():
@@ -74,17 +111,23 @@ def main():
             start = time.perf_counter()
             traced = backend.run(requests)
             traced_s = time.perf_counter() - start
-        rows = summarize(trace_dir, traced["steps"])
+        events = trace_events(trace_dir)
+        rows = summarize(events, traced["steps"])
+        kept, layer_rows = per_layer(events, model.config.num_layers)
     step_ms = 1e3 * plain["elapsed_s"] / plain["steps"]
     print(f"{args.model} {args.dtype} {args.workload}: {plain['steps']} steps, {step_ms:.1f} ms a step untraced, "
           f"{1e3 * traced_s / traced['steps']:.1f} traced; {plain['output_tokens'] / plain['elapsed_s']:.0f} tok/s")
     print(f"{'kind':60s} {'ms/step':>8s} {'calls/step':>10s}")
     for kind, ms, calls in rows[:args.top]:
         print(f"{kind[:60]:60s} {ms:8.2f} {calls:10.1f}")
+    print(f"\ndecode steps with the usual custom calls ({kept}), ms a step summed over the layers:")
+    for kind, ms in list(layer_rows.items())[:args.top]:
+        print(f"{kind[:60]:60s} {ms:8.2f}")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(
             {"command": "python benchmarks/profile_step.py " + " ".join(sys.argv[1:]), "step_ms": step_ms,
-             "rows": [{"kind": k, "ms_per_step": ms, "calls_per_step": c} for k, ms, c in rows]}, indent=1))
+             "rows": [{"kind": k, "ms_per_step": ms, "calls_per_step": c} for k, ms, c in rows],
+             "decode_steps_kept": kept, "per_layer_ms_per_step": layer_rows}, indent=1))
 
 
 if __name__ == "__main__":
