@@ -130,10 +130,12 @@ def activation_table(activation: str) -> np.ndarray:
     bf16 model's graph rounds it, computed by XLA itself on this backend (a compiled call, not constant folding), so
     the gated epilogue returns the bits of the unfused graph."""
     inputs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(jnp.bfloat16)
-    # Compiled ahead and called on a numpy array: it runs now, even while a caller is being traced. Its result is
-    # the bf16 array itself, widened here: a float32 cast inside the program would let XLA skip the last rounding.
-    table = jax.jit(ACTIVATIONS[activation]).lower(inputs).compile()
-    return np.asarray(table(inputs)).astype(np.float32)
+    # Compiled ahead and called on a numpy array: it runs now, even while a caller is being traced; on the CPU
+    # backend, whose bits the kernel must give, whatever the default device. Its result is the bf16 array itself,
+    # widened here: a float32 cast inside the program would let XLA skip the last rounding.
+    with jax.default_device(jax.devices("cpu")[0]):
+        table = jax.jit(ACTIVATIONS[activation]).lower(inputs).compile()
+        return np.asarray(table(inputs)).astype(np.float32)
 
 
 def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None, out_dtype=jnp.float32,
