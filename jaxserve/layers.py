@@ -223,6 +223,22 @@ class _Dense(nn.Dense):
         return y
 
 
+def packed_residual(module: nn.Module, name: str, x: jax.Array, residual: jax.Array | None) -> jax.Array | None:
+    """``residual + dense(x)`` for ``module``'s Dense layer ``name`` as one packed GEMM (``bf16_gemm_packed(...,
+    residual=...)``: the bits of the bf16 add, without the projection written apart) when that layer holds a
+    packed kernel (``PackedBf16``) without a bias and ``residual`` is bf16; else None (the caller adds)."""
+    if residual is None or residual.dtype != jnp.bfloat16 or not module.has_variable("params", name):
+        return None
+    from jaxserve.kernels.cpu.packed import PackedBf16, bf16_gemm_packed
+    layer = module.get_variable("params", name)
+    kernel = layer.get("kernel")
+    if not isinstance(kernel, PackedBf16) or "bias" in layer or kernel.shape != (x.shape[-1], residual.shape[-1]):
+        return None
+    y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel, out_dtype=jnp.bfloat16,
+                         residual=residual.reshape(-1, residual.shape[-1]))
+    return y.reshape(residual.shape)
+
+
 def row_sum(x: jax.Array) -> jax.Array:
     """x [..., N] -> [...]: the sum over the last axis, added pairwise by halving it (an odd element carried),
     so every row is summed in one order whatever the other axes hold.
@@ -317,7 +333,9 @@ class SwiGLU(nn.Module):
     activation: str = "silu"
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, residual=None):
+        """x [..., hidden] -> the MLP's output; with ``residual`` (the stream it is added to): ``residual`` plus it,
+        the add fused into the down projection's GEMM where its kernel is packed."""
         proj = lambda n, name: dense(n, self.dtype, name, matmul_dtype=self.matmul_dtype)  # noqa: E731
         act = ACTIVATIONS[self.activation]
         if self.has_variable("params", "gate_up_proj"):  # fused by a runner (jaxserve.kernels.cpu.packed.FUSIONS)
@@ -326,11 +344,18 @@ class SwiGLU(nn.Module):
                 from jaxserve.kernels.cpu.packed import bf16_gemm_packed
                 h = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), fused["kernel"],
                                      activation=self.activation)
-                return proj(self.hidden_size, "down_proj")(h.reshape(*x.shape[:-1], self.intermediate_size))
+                return self._down(proj, h.reshape(*x.shape[:-1], self.intermediate_size), residual)
             gate, up = jnp.split(proj(2 * self.intermediate_size, "gate_up_proj")(x), 2, axis=-1)
         else:
             gate, up = proj(self.intermediate_size, "gate_proj")(x), proj(self.intermediate_size, "up_proj")(x)
-        return proj(self.hidden_size, "down_proj")(act(gate) * up)
+        return self._down(proj, act(gate) * up, residual)
+
+    def _down(self, proj, h, residual):
+        fused = packed_residual(self, "down_proj", h, residual)
+        if fused is not None:
+            return fused
+        out = proj(self.hidden_size, "down_proj")(h)
+        return out if residual is None else residual + out
 
     def _gated_in_gemm(self, fused, x) -> bool:
         """Whether the packed gate/up GEMM can apply the activation itself (``bf16_gemm_packed(activation=...)``: the

@@ -29,8 +29,8 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import (RMSNorm, SwiGLU, dense, int8_logits, packed_logits, rope, rope_inv_freq, rope_tables,
-                             tied_logits)
+from jaxserve.layers import (RMSNorm, SwiGLU, dense, int8_logits, packed_logits, packed_residual, rope, rope_inv_freq,
+                             rope_tables, tied_logits)
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -71,9 +71,10 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, rope_cos_sin: tuple[jax.Array, jax.Array], kv: KVLayer | None = None,
-                 meta: AttentionMetadata | None = None):
+                 meta: AttentionMetadata | None = None, residual: jax.Array | None = None):
         """``rope_cos_sin``: RoPE's tables for ``positions`` at this layer's frequencies (``rope_tables``), which the
-        model computes once per forward for all its layers."""
+        model computes once per forward for all its layers. ``residual``: the stream the output is added to (the
+        result is then their sum, fused into the o projection's GEMM where its kernel is packed)."""
         c = self.config
         lead = x.shape[:-1]
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -93,8 +94,12 @@ class Attention(nn.Module):
             o = causal_attention(q, k, v, **opts)
         else:
             o, kv = write_and_attend(q, k, v, kv, meta, attention_backend(self.attention_impl), self.layout, **opts)
-        out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o.reshape(*lead, c.num_heads * c.head_dim))
-        return out, kv
+        o = o.reshape(*lead, c.num_heads * c.head_dim)
+        fused = packed_residual(self, "o_proj", o, residual)
+        if fused is not None:
+            return fused, kv
+        out = _dense(c, c.hidden_size, c.o_bias, "o_proj")(o)
+        return (out if residual is None else residual + out), kv
 
 
 class DecoderLayer(nn.Module):
@@ -106,14 +111,16 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, rope_cos_sin, kv=None, meta=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        h, kv = Attention(c, self.attention_impl, self.layer_idx, self.layout, name="attn")(
-            _norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta)
+        attn = Attention(c, self.attention_impl, self.layer_idx, self.layout, name="attn")
         if c.sandwich_norms:  # Gemma 2/3: the attention and MLP outputs are normed before the residual adds
+            h, kv = attn(_norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta)
             x = x + _norm(c, "post_attention_norm")(h)
             return x + _norm(c, "post_feedforward_norm")(self._mlp(c, dt)(_norm(c, "pre_feedforward_norm")(x))), kv
-        x = x + h
-        x = x + self._mlp(c, dt)(_norm(c, "post_attention_norm")(x))
-        return x, kv
+        # x + attn(...), x + mlp(...): the adds go into the projections (fused where the kernels are packed)
+        x, kv = attn(_norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta, residual=x)
+        mlp = self._mlp(c, dt)
+        h = _norm(c, "post_attention_norm")(x)
+        return (mlp(h, residual=x) if isinstance(mlp, SwiGLU) else x + mlp(h)), kv
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"

@@ -316,3 +316,40 @@ def test_bf16_engine_takes_greedy_tokens_from_the_head_gemm(monkeypatch):
                         use_tqdm=False)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in slow]
     assert traced  # the fast branch is in the step program
+
+
+@needs_amx
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_residual_adds_fused_into_the_projections_give_the_bits_of_the_adds(preset, monkeypatch):
+    """A packed bf16 model adds the attention and MLP outputs to the residual stream inside the o and down GEMMs
+    (``packed_residual``): the logits are those of the same packed model adding them in XLA with each sum rounded to
+    bf16 (an optimization barrier: XLA's own graph lets the next norm read the float32 sum, excess precision the
+    model's bf16 residual stream does not have), bit for bit."""
+    from jaxserve import layers
+    from jaxserve.models import transformer
+    config = get_preset(preset).replace(dtype="bfloat16", intermediate_size=96)
+    params = pack_dense_kernels(init_params(config, jax.random.key(0)))
+    tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, config.vocab_size)
+    run = lambda: jax.jit(forward_full, static_argnums=1)(params, config, tokens)  # noqa: E731
+    assert jax.jit(forward_full, static_argnums=1).lower(params, config, tokens).as_text().count("epilogue = 4") \
+        == 2 * config.num_layers
+    fused = np.asarray(run(), np.float32)
+
+    def added_in_xla(module, name, x, residual):
+        kernel = module.get_variable("params", name)["kernel"]
+        y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]), kernel, out_dtype=jnp.bfloat16).reshape(residual.shape)
+        return jax.lax.optimization_barrier(residual + y)
+
+    monkeypatch.setattr(transformer, "packed_residual", added_in_xla)
+    monkeypatch.setattr(layers, "packed_residual", added_in_xla)
+    jax.clear_caches()
+    assert "epilogue = 4" not in jax.jit(forward_full, static_argnums=1).lower(params, config, tokens).as_text()
+    np.testing.assert_array_equal(fused, np.asarray(run(), np.float32))
+
+
+@needs_amx
+def test_packed_gemm_refuses_a_bad_residual():
+    p = pack_bf16(_weight(64, 96))
+    with pytest.raises(ValueError, match=r"a residual must be bf16\[3, 96\] with out_dtype=bfloat16 and no activation, "
+                                         r"got float32\(3, 96\)"):
+        bf16_gemm_packed(jnp.ones((3, 64)), p, out_dtype=jnp.bfloat16, residual=jnp.ones((3, 96)))

@@ -248,7 +248,9 @@ constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk hold
 //               written: a gated MLP's activation in the GEMM's epilogue.
 //   kArgmaxBf16: y i32[M], the first column of each row's largest bf16-rounded sum (jnp.argmax of kBf16's result:
 //               a greedy LM head's tokens without its [M, N] logits; NaN sums are never the largest).
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3 };
+//   kResidualBf16: y bf16[M, N] = bf16(r + bf16(sums)) for a bf16 r[M, N] (the residual stream a projection adds to:
+//               XLA's bf16 add, a float32 add rounded, of kBf16's result), without the projection written apart.
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
 
 // C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp.
 inline void pair_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* gp) {
@@ -292,12 +294,22 @@ inline void store_two_blocks(float* buf, float* buf2) {
 }
 inline void store_pair_block(float* buf) { store_two_blocks(buf, buf + kTileRows * 32); }
 
-// Rows [0, rows) of a [.][32] float32 block -> y bf16 rows m0 .., columns n0 .. min(n0 + 32, N), rounded to nearest even.
-void put_bf16(const float* buf, int64_t rows, uint16_t* y, int64_t N, int64_t m0, int64_t n0) {
+// Rows [0, rows) of a [.][32] float32 block -> y bf16 rows m0 .., columns n0 .. min(n0 + 32, N), rounded to nearest
+// even; with a residual r (bf16 [M, N]): bf16(r + that bf16 value), the float32 sum rounded once more.
+void put_bf16(const float* buf, int64_t rows, uint16_t* y, int64_t N, int64_t m0, int64_t n0,
+              const uint16_t* r = nullptr) {
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < 32; c += 16)
-      _mm256_mask_storeu_epi16(y + (m0 + i) * N + n0 + c, mask16(N - n0 - c),
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c)));
+    for (int64_t c = 0; c < 32; c += 16) {
+      const __mmask16 cols = mask16(N - n0 - c);
+      __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c));
+      if (r != nullptr) {
+        const __m256i ri = _mm256_maskz_loadu_epi16(cols, r + (m0 + i) * N + n0 + c);
+        const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ri), 16)),
+                                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        h = (__m256i)_mm512_cvtneps_pbh(sum);
+      }
+      _mm256_mask_storeu_epi16(y + (m0 + i) * N + n0 + c, cols, h);
+    }
 }
 
 // Rows [0, rows) of gate and up [.][32] float32 blocks -> y bf16 [., I] rows m0 .., columns n0 .. n0 + 32:
@@ -351,7 +363,9 @@ const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t M
 // every 32-row block of x passes over a stretch (in L2 after the first). (Software prefetches of the next stretch into
 // L2, spread over the tile work, measured no faster.) xa: x as x_to_bf16 / x_bf16_padded give it.
 void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int64_t K, const uint16_t* packed,
-                       int64_t N, void* out, Epilogue epilogue, const float* act, int64_t threads) {
+                       int64_t N, void* out, Epilogue epilogue, const void* aux, int64_t threads) {
+  const float* act = static_cast<const float*>(aux);            // kGatedBf16: the activation's table
+  const uint16_t* residual = epilogue == kResidualBf16 ? static_cast<const uint16_t*>(aux) : nullptr;
   const int64_t Mp = round_up(M, kTileRows), Kp = round_up(K, kTileK), group_elems = Kp * 32;
   const bool gated = epilogue == kGatedBf16;
   const int64_t G = gated ? N / 64 : (N + 31) / 32, up = N / 64;  // output groups; the up half's first group
@@ -375,7 +389,7 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, const uint16_t* xa, int64_t M, int
     const int64_t r0 = c * G / t, r1 = (c + 1) * G / t;
     auto emit = [&](const float* buf, int64_t rows, int64_t m0, int64_t n0) {  // a block's bf16 epilogues
       if (argmax) put_argmax(buf, rows, N, m0, n0, best + c * M * 16, at + c * M * 16);
-      else put_bf16(buf, rows, y16, N, m0, n0);
+      else put_bf16(buf, rows, y16, N, m0, n0, residual);
     };
     auto group = [&](int64_t g) { return packed + g * group_elems; };
     for (int64_t g0 = r0; g0 < r1; g0 += kPackedChunkGroups) {
@@ -567,11 +581,11 @@ constexpr bool kBuiltWithAmx = false;
 void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3 };
+enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
 const uint16_t* x_to_bf16(const float*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 const uint16_t* x_bf16_padded(const uint16_t*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 void gemm_packed_bf16x(ffi::ThreadPool&, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, void*, Epilogue,
-                       const float*, int64_t) {}
+                       const void*, int64_t) {}
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 bool request_amx() { return false; }
 #endif
@@ -598,13 +612,14 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
 
 // y = x @ w, w [K, N] as pack_bf16 packed it: bf16[ceil(N / 32), round_up(K, 32) * 32] (N the attribute n); x f32
 // or bf16 [M, K]; y as the attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], bf16[M, N / 2] for a gated
-// [gate | up] weight, whose activation table act is f32[65536] (the others take any act, unread), or i32[M]).
+// [gate | up] weight, whose activation table aux is f32[65536], i32[M], or bf16[M, N] adding the residual aux;
+// the others take any aux, unread).
 ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16, 2> packed,
-                          ffi::Buffer<ffi::F32, 1> act, ffi::Result<ffi::AnyBuffer> y, int64_t threads,
+                          ffi::AnyBuffer aux, ffi::Result<ffi::AnyBuffer> y, int64_t threads,
                           int64_t epilogue, int64_t N) {
   const std::string name = "bf16_gemm_packed";
   if (!amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
-  if (epilogue < kF32 || epilogue > kArgmaxBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
+  if (epilogue < kF32 || epilogue > kResidualBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
   const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32
                                : epilogue == kArgmaxBf16 ? ffi::DataType::S32 : ffi::DataType::BF16;
   const size_t y_rank = epilogue == kArgmaxBf16 ? 1 : 2;
@@ -616,17 +631,21 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
       packed.dimensions()[1] != (K + 31) / 32 * 32 * 32 ||
       (y_rank == 2 && y->dimensions()[1] != (epilogue == kGatedBf16 ? N / 2 : N)))
     return ffi::Error::InvalidArgument(name + ": the packed weight's shape does not match K and N");
-  if (epilogue == kGatedBf16 && (N % 64 != 0 || act.dimensions()[0] != 65536))
+  if (epilogue == kGatedBf16 && (N % 64 != 0 || aux.element_type() != ffi::DataType::F32 ||
+                                 aux.element_count() != 65536))
     return ffi::Error::InvalidArgument(name + ": a gated epilogue needs N / 2 a multiple of 32 and a 65536-entry table");
   if (epilogue == kArgmaxBf16 && (N == 0 || N > std::numeric_limits<int32_t>::max()))
     return ffi::Error::InvalidArgument(name + ": an argmax needs 0 < N < 2^31 columns");
+  if (epilogue == kResidualBf16 && (aux.element_type() != ffi::DataType::BF16 || aux.dimensions().size() != 2 ||
+                                    aux.dimensions()[0] != M || aux.dimensions()[1] != N))
+    return ffi::Error::InvalidArgument(name + ": a residual epilogue needs a bf16 residual [M, N]");
   if (M == 0 || N == 0) return ffi::Error::Success();
   const int64_t Mp = round_up(M, 16), Kp = round_up(K, 32);
   const uint16_t* xa = x.element_type() == ffi::DataType::F32
                            ? x_to_bf16(static_cast<const float*>(x.untyped_data()), M, K, Mp, Kp)
                            : x_bf16_padded(static_cast<const uint16_t*>(x.untyped_data()), M, K, Mp, Kp);
   gemm_packed_bf16x(pool, xa, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
-                    Epilogue(epilogue), act.typed_data(), threads);
+                    Epilogue(epilogue), aux.untyped_data(), threads);
   return ffi::Error::Success();
 }
 
@@ -634,7 +653,6 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
-using F32Vector = ffi::Buffer<ffi::F32, 1>;
 
 #define JAXSERVE_BF16_GEMM(name, nk)                                                               \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Bf16Gemm<nk>,                                                \
@@ -653,7 +671,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<Bf16Matrix>()
-                                  .Arg<F32Vector>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("epilogue")

@@ -121,7 +121,7 @@ def pack_tied_head(params):
     return out
 
 
-_EPILOGUES = {None: 0, "bf16": 1, "gated": 2, "argmax": 3}  # amx.cc's Epilogue
+_EPILOGUES = {None: 0, "bf16": 1, "gated": 2, "argmax": 3, "residual": 4}  # amx.cc's Epilogue
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,7 +139,7 @@ def activation_table(activation: str) -> np.ndarray:
 
 
 def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None, out_dtype=jnp.float32,
-                     activation: str | None = None) -> jax.Array:
+                     activation: str | None = None, residual: jax.Array | None = None) -> jax.Array:
     """x f32/bf16[M, K] @ w (a ``PackedBf16`` of shape [K, N]) -> f32[M, N]: x rounded to bf16, exact products summed
     in float32 by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same k order). A row's
     result does not depend on M or the threads. Needs ``matmul.amx_usable()``. Differentiable in x (the JVP uses
@@ -148,7 +148,9 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
     ``out_dtype=bfloat16``: the sums rounded to bf16 in the kernel (the bits of ``.astype(bfloat16)``, without the
     float32 matrix). ``activation`` (a gated MLP's, ``ACTIVATIONS``): w is [gate | up] (N = 2 I, I a multiple of 32)
     and the result bf16[M, I] = act(gate) * up with gate and up rounded to bf16 and every op of the graph rounding
-    to bf16, as a bf16 model computes it unfused (``activation_table``), bit for bit."""
+    to bf16, as a bf16 model computes it unfused (``activation_table``), bit for bit. ``residual`` (bf16[M, N], with
+    ``out_dtype=bfloat16``): the result is ``residual + product`` in bf16, XLA's add of the two, bit for bit (a
+    projection into the residual stream, without the projection written apart)."""
     x = jnp.asarray(x)
     k, n = w.shape
     if x.ndim != 2 or x.shape[1] != k:
@@ -163,12 +165,18 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
             raise ValueError(f"bf16_gemm_packed: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         if n % 64:
             raise ValueError(f"bf16_gemm_packed: a gated weight's N must be 2 I with I a multiple of 32, got N={n}")
+    if residual is not None and (activation is not None or out_dtype != jnp.bfloat16 or residual.dtype != jnp.bfloat16
+                                 or residual.shape != (x.shape[0], n)):
+        raise ValueError(f"bf16_gemm_packed: a residual must be bf16[{x.shape[0]}, {n}] with out_dtype=bfloat16 and "
+                         f"no activation, got {residual.dtype}{tuple(residual.shape)}")
     if build.load() is None or not amx_granted():
         raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
                            "built, or Linux refused the tile state)")
-    epilogue = "gated" if activation else (None if out_dtype == jnp.float32 else "bf16")
+    epilogue = ("gated" if activation else "residual" if residual is not None
+                else None if out_dtype == jnp.float32 else "bf16")
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
-    return _gemm_x(x, w.data, w.shape, threads or default_threads(), epilogue, activation)
+    aux = residual if residual is not None else jnp.zeros((0,), jnp.float32)
+    return _gemm_x(x, w.data, aux, w.shape, threads or default_threads(), epilogue, activation)
 
 
 def gated_reference(y: jax.Array, activation: str) -> jax.Array:
@@ -177,27 +185,31 @@ def gated_reference(y: jax.Array, activation: str) -> jax.Array:
     return ACTIVATIONS[activation](gate) * up
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5))
-def _gemm_x(x, data, shape, threads, epilogue, activation):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5, 6))
+def _gemm_x(x, data, aux, shape, threads, epilogue, activation):
     m, n = x.shape[0], shape[1]
     out = jax.ShapeDtypeStruct((m, n // 2 if epilogue == "gated" else n),
                                jnp.float32 if epilogue is None else jnp.bfloat16)
-    table = activation_table(activation) if activation else np.zeros(1, np.float32)
+    if activation:
+        aux = activation_table(activation)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", out, vmap_method="sequential")
-    return call(x, data, table, threads=threads, epilogue=_EPILOGUES[epilogue], n=shape[1])
+    return call(x, data, aux, threads=threads, epilogue=_EPILOGUES[epilogue], n=n)
 
 
 @_gemm_x.defjvp
 def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
-    (x, data), (dx, ddata) = primals, tangents
+    (x, data, aux), (dx, ddata, daux) = primals, tangents
 
-    def reference(x, data):  # the same function through XLA's dot on the unpacked weight
+    def reference(x, data, aux):  # the same function through XLA's dot on the unpacked weight
         y = jnp.dot(x.astype(jnp.float32), PackedBf16(data, shape).unpack().astype(jnp.float32))
-        return gated_reference(y, activation) if epilogue == "gated" else y.astype(
-            jnp.float32 if epilogue is None else jnp.bfloat16)
+        if epilogue == "gated":
+            return gated_reference(y, activation)
+        if epilogue == "residual":
+            return aux + y.astype(jnp.bfloat16)
+        return y.astype(jnp.float32 if epilogue is None else jnp.bfloat16)
 
-    _, tangent = jax.jvp(reference, (x, data), (dx, ddata))
-    return _gemm_x(x, data, shape, threads, epilogue, activation), tangent
+    _, tangent = jax.jvp(reference, (x, data, aux), (dx, ddata, daux))
+    return _gemm_x(x, data, aux, shape, threads, epilogue, activation), tangent
 
 
 def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
@@ -216,5 +228,5 @@ def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) ->
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0],), jnp.int32),
                             vmap_method="sequential")
-    return call(jax.lax.stop_gradient(x), w.data, np.zeros(1, np.float32), threads=threads or default_threads(),
+    return call(jax.lax.stop_gradient(x), w.data, np.zeros(0, np.float32), threads=threads or default_threads(),
                 epilogue=_EPILOGUES["argmax"], n=n)
