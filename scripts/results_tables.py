@@ -719,7 +719,7 @@ CLAIMS = (
                                     MEMORY_BANDWIDTH),
           smollm2_bf16_vllm,
           "`benchmarks/peers/compare.py --model smollm2-135m-instruct --backends jaxserve,vllm --workloads "
-          "batch64,sharegpt --rounds 3 --threads 2 --dtype bfloat16` at 20100ea: the AMX packed GEMM takes bf16 "
+          "batch64,sharegpt --rounds 3 --threads 2 --dtype bfloat16` at 5f470d9 (20100ea's code): the AMX packed GEMM takes bf16 "
           "activations and writes bf16 (the bits of its float32 sums converted), the fused gate/up GEMM applies "
           "SiLU(gate) * up in its epilogue (a table of XLA's own SiLU at every bf16 input, so the bits of the "
           "unfused graph: tested), the o and down GEMMs add their output into the residual stream (rounded to bf16 "
