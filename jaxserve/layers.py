@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxserve.activations import ACTIVATIONS
+
 _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that module may build a library)
 # Fewest rows a float32 weight goes to the CPU kernel with (jaxserve.kernels.cpu.f32_matmul, both layouts): at one
 # row XLA's gemv already streams near the memory bound and the kernel was slower. Medians of 3 runs of
@@ -318,10 +320,6 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, inv_freq: jax.Array |
     xf = x.astype(jnp.float32)
     rotated = jnp.concatenate([-xf[..., d // 2:], xf[..., : d // 2]], -1)
     return (xf * cos + rotated * sin).astype(x.dtype)
-
-
-# A gated MLP's activations by name (SwiGLU.activation; the packed GEMM's gated epilogue tabulates them).
-ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
 
 
 class SwiGLU(nn.Module):

@@ -15,7 +15,8 @@ from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
 from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, pack_bf16, pack_dense_kernels,
                                          pack_tied_head, packed_argmax)
-from jaxserve.layers import ACTIVATIONS, dense
+from jaxserve.activations import ACTIVATIONS
+from jaxserve.layers import dense
 from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
 

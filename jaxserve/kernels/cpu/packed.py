@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu.matmul import amx_granted, default_threads
-from jaxserve.layers import ACTIVATIONS
+from jaxserve.activations import ACTIVATIONS
 
 TILE_K = 32  # bf16 k per A tile row
 GROUP = 32   # columns of w per packed row (two B tiles of 16)
