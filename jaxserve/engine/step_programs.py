@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.engine.batching import NUM_TOP_LOGPROBS
-from jaxserve.kernels.cpu.packed import packed_argmax
+from jaxserve.kernels.cpu.packed import PackedBf16, packed_argmax
 from jaxserve.layers import packed_logits
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
@@ -72,7 +72,6 @@ def greedy_head(params, config, layout):
     """The packed tied LM head (``kernels.cpu.packed.pack_tied_head``) a plain step can take greedy tokens from
     (``packed_argmax``): a bf16 model with its tied head packed, on one device, no int8 head, no logit soft-cap;
     else None. Decided by the params' structure: static under jit."""
-    from jaxserve.kernels.cpu.packed import PackedBf16
     head = params.get("tied_head", {}).get("kernel") if isinstance(params, Mapping) else None
     ok = (isinstance(head, PackedBf16) and config.tie_word_embeddings and "int8_head" not in params
           and config.final_logit_softcap is None and layout is None and jnp.dtype(config.dtype) == jnp.bfloat16)

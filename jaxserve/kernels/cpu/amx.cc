@@ -3,7 +3,8 @@
 //   jaxserve_bf16_gemm_kn: y f32[M, N] = bf16(x f32[M, K]) @ w bf16[K, N]     (a Dense kernel)
 //   jaxserve_bf16_gemm_nk: y f32[M, N] = bf16(x f32[M, K]) @ e bf16[N, K]^T   (a tied embedding as the LM head)
 //   jaxserve_bf16_gemm_packed: y = bf16(x f32/bf16[M, K]) @ w, w bf16[K, N] packed once into B tiles (packed.py);
-//       y f32[M, N], bf16[M, N], or a gated MLP's bf16 act(gate) * up (the Epilogue below)
+//       y f32[M, N], bf16[M, N], a gated MLP's bf16 act(gate) * up, each row's argmax, or the product added to a
+//       bf16 residual (the Epilogue below)
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
 //
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
@@ -294,6 +295,10 @@ inline void store_two_blocks(float* buf, float* buf2) {
 }
 inline void store_pair_block(float* buf) { store_two_blocks(buf, buf + kTileRows * 32); }
 
+// 16 floats -> their bf16 bits, rounded to nearest even (XLA's convert); 16 bf16 bits -> the floats they hold, exactly.
+inline __m256i bf16_bits(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
 // Rows [0, rows) of a [.][32] float32 block -> y bf16 rows m0 .., columns n0 .. min(n0 + 32, N), rounded to nearest
 // even; with a residual r (bf16 [M, N]): bf16(r + that bf16 value), the float32 sum rounded once more.
 void put_bf16(const float* buf, int64_t rows, uint16_t* y, int64_t N, int64_t m0, int64_t n0,
@@ -301,13 +306,9 @@ void put_bf16(const float* buf, int64_t rows, uint16_t* y, int64_t N, int64_t m0
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t c = 0; c < 32; c += 16) {
       const __mmask16 cols = mask16(N - n0 - c);
-      __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c));
-      if (r != nullptr) {
-        const __m256i ri = _mm256_maskz_loadu_epi16(cols, r + (m0 + i) * N + n0 + c);
-        const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ri), 16)),
-                                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-        h = (__m256i)_mm512_cvtneps_pbh(sum);
-      }
+      __m256i h = bf16_bits(_mm512_load_ps(buf + i * 32 + c));
+      if (r != nullptr)
+        h = bf16_bits(_mm512_add_ps(widen_bf16(_mm256_maskz_loadu_epi16(cols, r + (m0 + i) * N + n0 + c)), widen_bf16(h)));
       _mm256_mask_storeu_epi16(y + (m0 + i) * N + n0 + c, cols, h);
     }
 }
@@ -318,10 +319,10 @@ void put_gated(const float* gate, const float* up, int64_t rows, const float* ac
                int64_t n0) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t c = 0; c < 32; c += 16) {
-      const __m512i g = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(gate + i * 32 + c)));
-      const __m512i u = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(up + i * 32 + c)));
-      const __m512 h = _mm512_mul_ps(_mm512_i32gather_ps(g, act, 4), _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + i) * I + n0 + c), (__m256i)_mm512_cvtneps_pbh(h));
+      const __m512i g = _mm512_cvtepu16_epi32(bf16_bits(_mm512_load_ps(gate + i * 32 + c)));  // the table's index
+      const __m512 u = widen_bf16(bf16_bits(_mm512_load_ps(up + i * 32 + c)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + i) * I + n0 + c),
+                          bf16_bits(_mm512_mul_ps(_mm512_i32gather_ps(g, act, 4), u)));
     }
 }
 
@@ -335,8 +336,7 @@ void put_argmax(const float* buf, int64_t rows, int64_t N, int64_t m0, int64_t n
     __m512 b = _mm512_load_ps(best + (m0 + i) * 16);
     __m512i a = _mm512_load_si512(at + (m0 + i) * 16);
     for (int64_t c = 0; c < 32; c += 16) {
-      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(buf + i * 32 + c));
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      const __m512 v = widen_bf16(bf16_bits(_mm512_load_ps(buf + i * 32 + c)));
       const __mmask16 gt = _mm512_mask_cmp_ps_mask(mask16(N - n0 - c), v, b, _CMP_GT_OQ);
       b = _mm512_mask_mov_ps(b, gt, v);
       a = _mm512_mask_mov_epi32(a, gt, _mm512_add_epi32(lane, _mm512_set1_epi32(int32_t(n0 + c))));

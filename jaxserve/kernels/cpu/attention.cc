@@ -21,7 +21,7 @@
 // rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed kItemsPerChunk at a time, each asking for
 // the next one's pages while it computes; each computes its outputs alone, in one order, so the result does not
 // depend on the thread count.
-#include <immintrin.h>
+#include <immintrin.h>  // (the bf16 loads' AVX-512 conversion)
 
 #include <algorithm>
 #include <cmath>
@@ -263,17 +263,18 @@ void softmax_update(float* s, int64_t width, int64_t a, int64_t b, float soft_ca
 
 // Ask for a page's K block [D, S] (k_elements) or the V rows of one head (S rows of D, stride apart) ahead of use:
 // the pages lie anywhere in the pool, beyond what the hardware prefetcher guesses.
-template <class KV>
+// (kLocality: __builtin_prefetch's, 3 = into L1, 2 = into L2.)
+template <int kLocality = 3, class KV>
 void prefetch_k(const KV* kp, int64_t k_elements) {
   constexpr int64_t kLine = 64 / sizeof(KV);  // elements a cache line
-  for (int64_t f = 0; f < k_elements; f += kLine) __builtin_prefetch(kp + f);
+  for (int64_t f = 0; f < k_elements; f += kLine) __builtin_prefetch(kp + f, 0, kLocality);
 }
 
-template <class KV>
+template <int kLocality = 3, class KV>
 void prefetch_v(const KV* vp, int64_t S, int64_t stride, int64_t D) {
   constexpr int64_t kLine = 64 / sizeof(KV);
   for (int64_t j = 0; j < S; ++j)
-    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(vp + j * stride + d);
+    for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(vp + j * stride + d, 0, kLocality);
 }
 
 // Pages of kS keys scored together (kP: 64 keys, four accumulator chains per query vector) and folded into the
@@ -325,11 +326,8 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
     const int64_t nlo = sh.window > 0 ? std::max<int64_t>(0, next->pos0 - sh.window + 1) : 0;
     for (int64_t page = nlo / S; nhi >= nlo && page <= std::min(nhi / S, nlo / S + kPrefetchPages - 1); ++page) {
       const int64_t id = std::clamp<int64_t>(next_tables[page], 0, sh.P - 1);
-      const KV* kq = kt + (id * sh.K + next->head) * D * S;
-      for (int64_t f = 0; f < D * S; f += 64 / sizeof(KV)) _mm_prefetch(reinterpret_cast<const char*>(kq + f), _MM_HINT_T1);
-      const KV* vq = v + (id * S * sh.K + next->head) * D;
-      for (int64_t j = 0; j < S; ++j)
-        for (int64_t d = 0; d < D; d += 64 / sizeof(KV)) _mm_prefetch(reinterpret_cast<const char*>(vq + j * sh.K * D + d), _MM_HINT_T1);
+      prefetch_k<2>(kt + (id * sh.K + next->head) * D * S, D * S);
+      prefetch_v<2>(v + (id * S * sh.K + next->head) * D, S, sh.K * D, D);
     }
   }
   const KV* kp[kMaxGroup];
