@@ -18,7 +18,7 @@
 // reads only the pages holding keys one of its rows sees, each page through its block-table id clamped into
 // [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
 // the context, or before the window) may hold anything, NaN included: their scores are selected away and their V
-// rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed kItemsPerChunk at a time, each asking for
+// rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed up to kItemsPerChunk at a time (one when few), each asking for
 // the next one's pages while it computes; each computes its outputs alone, in one order, so the result does not
 // depend on the thread count.
 #include <immintrin.h>  // (the bf16 loads' AVX-512 conversion)
@@ -43,7 +43,7 @@ constexpr int kLanes = 16;
 using vf = float __attribute__((vector_size(4 * kLanes)));
 using vi = int32_t __attribute__((vector_size(4 * kLanes)));
 constexpr int64_t kRowsPerItem = 8;
-constexpr int64_t kItemsPerChunk = 16;  // items a thread claims at once (each prefetches the next one's pages)
+constexpr int64_t kItemsPerChunk = 16;  // items a thread claims at once, at most (each prefetches the next one's pages)
 constexpr int64_t kPrefetchPages = 64;  // pages of the next item asked for at most
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -391,11 +391,15 @@ template <int kS, class KV>
 void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
             const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, float* out,
             int64_t threads) {
-  const int64_t n = int64_t(items.size()), chunks = (n + kItemsPerChunk - 1) / kItemsPerChunk;
+  // Few items (a batch's last few sequences, often with long contexts) are claimed one at a time, so that every
+  // thread gets some: 16 a chunk left a batch of up to 5 sequences (15 items) on one thread.
+  const int64_t n = int64_t(items.size());
+  const int64_t per_chunk = std::clamp<int64_t>(n / (4 * std::max<int64_t>(threads, 1)), 1, kItemsPerChunk);
+  const int64_t chunks = (n + per_chunk - 1) / per_chunk;
   jaxserve::parallel_chunks(pool, chunks, threads, [&](int64_t c) {
     thread_local Scratch scratch;
-    const int64_t i1 = std::min(n, (c + 1) * kItemsPerChunk);
-    for (int64_t i = c * kItemsPerChunk; i < i1; ++i) {
+    const int64_t i1 = std::min(n, (c + 1) * per_chunk);
+    for (int64_t i = c * per_chunk; i < i1; ++i) {
       const Item& it = items[i];
       const Item* next = i + 1 < i1 ? &items[i + 1] : nullptr;
       attend_item<kS>(sh, q, kt, v, tables + it.seq * sh.M, context_lens[it.seq], it, out, scratch,
