@@ -18,9 +18,9 @@
 // reads only the pages holding keys one of its rows sees, each page through its block-table id clamped into
 // [0, P), so no table entry can make it read outside the pools; keys in a page that no row sees (past
 // the context, or before the window) may hold anything, NaN included: their scores are selected away and their V
-// rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed up to kItemsPerChunk at a time (one when few), each asking for
-// the next one's pages while it computes; each computes its outputs alone, in one order, so the result does not
-// depend on the thread count.
+// rows never touched. Items run on XLA's intra-op pool (parallel.h), claimed up to kItemsPerChunk at a time (one at
+// a time when few), each asking for the next one's pages while it computes; each computes its outputs alone, in one
+// order, so the result does not depend on the thread count.
 #include <immintrin.h>  // (the bf16 loads' AVX-512 conversion)
 
 #include <algorithm>
