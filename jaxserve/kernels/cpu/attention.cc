@@ -342,9 +342,15 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
                    std::min(hi - key0, S - 1)};
     }
     for (int64_t c = pages; c < (pages + kP - 1) / kP * kP; ++c) kp[c] = kp[pages - 1];  // scored, never seen
-    // The group's V rows are asked for now (read after its scores), the next score call's K while this one runs: a
-    // whole next group at once measured slower (benchmarks/cpu_attention_pool.py, the scattered pool).
+    // The group's V rows are asked for now (read after its scores), the next score call's K while this one runs (a
+    // whole next group at once into L1 measured slower: benchmarks/cpu_attention_pool.py, the scattered pool),
+    // and the next group's K and V into L2 (a whole group ahead: at batch 64, 0.32 -> 0.28 ms a call over the
+    // scattered pool; a few long contexts, batch 8 of 300-1000 keys, unchanged at ~23 GB/s).
     for (int64_t c = 0; c < pages; ++c) prefetch_v(vpages[c].vp, S, sh.K * D, D);
+    for (int64_t n = g0 + kG; n < std::min(g0 + 2 * kG, hi / S + 1); ++n) {
+      prefetch_k<2>(kt + (page_id(n) * sh.K + it.head) * D * S, D * S);
+      prefetch_v<2>(v + (page_id(n) * S * sh.K + it.head) * D, S, sh.K * D, D);
+    }
     for (int64_t c = 0; c < pages; c += kP) {
       for (int64_t n = g0 + c + kP; n < std::min(g0 + c + 2 * kP, hi / S + 1); ++n)
         prefetch_k(kt + (page_id(n) * sh.K + it.head) * D * S, D * S);
