@@ -113,6 +113,25 @@ def test_bf16_queries_come_back_bf16_and_match():
 
 
 @needs_kernels
+@pytest.mark.parametrize("bits_pools", [False, True])
+def test_bf16_queries_give_the_bits_of_a_float32_call_rounded(bits_pools):
+    """bf16 q goes into the kernel as it is and the output comes out bf16: the bits of converting q to float32,
+    attending, and rounding the output to nearest even (the converts this replaced), with ragged rows and rows that
+    see nothing (zeros)."""
+    rng, k, kt, v, tables, lens, h = _case(4, [20, 41, 3])
+    if bits_pools:
+        kt, v = (jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16) for x in (kt, v))
+    q = jnp.asarray(3 * rng.standard_normal((9, h, 64)), jnp.bfloat16)
+    cu = jnp.asarray([0, 4, 5, 7], jnp.int32)  # 2 rows no sequence owns
+    got = ca.ragged_paged_attention_cpu(q, kt, v, tables, lens, cu)
+    want = ca.ragged_paged_attention_cpu(q.astype(jnp.float32), kt, v, tables, lens, cu).astype(jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(jax.lax.bitcast_convert_type(got, jnp.uint16),
+                                  jax.lax.bitcast_convert_type(want, jnp.uint16))
+    assert not np.asarray(got[7:].astype(jnp.float32)).any()
+
+
+@needs_kernels
 def test_thread_count_does_not_change_a_bit():
     q_lens, lengths = [1, 30, 1, 9, 1], [200, 45, 3, 9, 130]
     rng, k, kt, v, tables, lens, h = _case(4, lengths)

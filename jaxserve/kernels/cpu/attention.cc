@@ -1,6 +1,8 @@
 // Paged attention over packed query tokens for the CPU, as one XLA FFI handler: online softmax, float32 sums.
 //
-//   jaxserve_paged_attention: o f32[T, H, D] from q f32[T, H, D], kt_pages f32[P, K, D, S] (tokens innermost),
+//   jaxserve_paged_attention: o f32[T, H, D] from q f32[T, H, D] (or both bf16: q widened exactly as it is read, o
+//       rounded to nearest even as it is written, XLA's converts around a float32 call), kt_pages f32[P, K, D, S]
+//       (tokens innermost),
 //       v_pages f32[P, S, K, D], block_tables i32[B, M], context_lens i32[B], cu_q_lens i32[B+1];
 //       attributes sm_scale, soft_cap (0: none), sliding_window (0: none), threads.
 //   jaxserve_paged_attention_bf16: the same over pools of bf16 bits (u16[...]: a bf16 model's K/V, read at half the
@@ -123,6 +125,15 @@ inline float widen(uint16_t h) {
 }
 
 void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+
+// An output element: float32 as is, or its bf16 bits rounded to nearest even (XLA's convert; NaN stays a quiet NaN).
+inline float narrow(float x, float*) { return x; }
+inline uint16_t narrow(float x, uint16_t*) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 // Scores of kN query vectors (rows of q, D each) against kP pages' K, kt[c] [D, kS] -> s [kN, ld], page c's at
 // columns c * kS: kS a multiple of the lanes, kN * kP * kS / 16 accumulators in registers (independent chains: one
@@ -286,9 +297,9 @@ constexpr int64_t kScorePages = kS > 0 ? std::max(1, 64 / kS) : 1;
 template <int kS>
 constexpr int64_t kGroupPages = kS > 0 ? std::max<int64_t>(kScorePages<kS>, kGroupKeys / kS) : 1;
 
-template <int kS, class KV>
-void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, const int32_t* tables,
-                 int64_t context_len, const Item& it, float* out, Scratch& w, const int32_t* next_tables,
+template <int kS, class KV, class QO>
+void attend_item(const Shape& sh, const QO* q, const KV* kt, const KV* v, const int32_t* tables,
+                 int64_t context_len, const Item& it, QO* out, Scratch& w, const int32_t* next_tables,
                  int64_t next_len, const Item* next) {
   constexpr int64_t kP = kScorePages<kS>, kG = kGroupPages<kS>;
   static_assert(kG % kP == 0 && kG <= kMaxGroup, "a group is whole score calls");
@@ -307,8 +318,8 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
     const int64_t pos = it.pos0 + r;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t i = r * G + g;
-      const float* src = q + ((it.row0 + r) * sh.H + it.head * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) w.q[i * D + d] = src[d] * sh.sm_scale;
+      const QO* src = q + ((it.row0 + r) * sh.H + it.head * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) w.q[i * D + d] = widen(src[d]) * sh.sm_scale;
       w.lo[i] = sh.window > 0 ? std::max<int64_t>(0, pos - sh.window + 1) : 0;
       w.hi[i] = std::min(pos, last_key);
     }
@@ -370,32 +381,33 @@ void attend_item(const Shape& sh, const float* q, const KV* kt, const KV* v, con
     for (int64_t g = 0; g < G; ++g) {
       const int64_t i = r * G + g;
       const float denom = std::max(w.sum[i], 1e-30f);
-      float* dst = out + ((it.row0 + r) * sh.H + it.head * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = w.acc[i * D + d] / denom;
+      QO* dst = out + ((it.row0 + r) * sh.H + it.head * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = narrow(w.acc[i * D + d] / denom, dst);
     }
 }
 
 // The work items of a batch; zeroes the output rows no sequence owns. A malformed cu_q_lens (decreasing, or
 // past T) is clamped so that sequences own disjoint rows inside [0, T).
-std::vector<Item> plan(const Shape& sh, const int32_t* context_lens, const int32_t* cu, float* out) {
+template <class QO>
+std::vector<Item> plan(const Shape& sh, const int32_t* context_lens, const int32_t* cu, QO* out) {
   std::vector<Item> items;
   int64_t covered = 0;
   for (int64_t b = 0; b < sh.B; ++b) {
     const int64_t row0 = std::clamp<int64_t>(cu[b], covered, sh.T), row1 = std::clamp<int64_t>(cu[b + 1], row0, sh.T);
-    std::fill(out + covered * sh.H * sh.D, out + row0 * sh.H * sh.D, 0.f);
+    std::fill(out + covered * sh.H * sh.D, out + row0 * sh.H * sh.D, QO(0));
     const int64_t pos0 = int64_t(context_lens[b]) - (int64_t(cu[b + 1]) - cu[b]) + (row0 - cu[b]);
     for (int64_t r = row0; r < row1; r += kRowsPerItem)
       for (int64_t k = 0; k < sh.K; ++k)
         items.push_back({b, k, r, std::min(kRowsPerItem, row1 - r), pos0 + (r - row0)});
     covered = row1;
   }
-  std::fill(out + covered * sh.H * sh.D, out + sh.T * sh.H * sh.D, 0.f);
+  std::fill(out + covered * sh.H * sh.D, out + sh.T * sh.H * sh.D, QO(0));
   return items;
 }
 
-template <int kS, class KV>
-void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
-            const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, float* out,
+template <int kS, class KV, class QO>
+void attend(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, const KV* v,
+            const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, QO* out,
             int64_t threads) {
   // Few items (a batch's last few sequences, often with long contexts) are claimed one at a time, so that every
   // thread gets some: 16 a chunk left a batch of up to 5 sequences (15 items) on one thread.
@@ -414,48 +426,59 @@ void attend(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt
   });
 }
 
-// The whole call, shapes checked: o [T, H, D] (see the top of this file).
-template <class KV>
-void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const float* q, const KV* kt, const KV* v,
-                     const int32_t* tables, const int32_t* context_lens, const int32_t* cu_q_lens, float* o,
+// The whole call, shapes checked: o [T, H, D] (see the top of this file); q and o float32, or both bf16 bits.
+template <class KV, class QO>
+void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, const KV* v,
+                     const int32_t* tables, const int32_t* context_lens, const int32_t* cu_q_lens, QO* o,
                      int64_t threads) {
   if (sh.P == 0 || sh.M == 0 || sh.S == 0) {  // no keys anywhere
-    std::fill(o, o + sh.T * sh.H * sh.D, 0.f);
+    std::fill(o, o + sh.T * sh.H * sh.D, QO(0));
     return;
   }
   const std::vector<Item> items = plan(sh, context_lens, cu_q_lens, o);
   auto run = [&](auto attend_s) { attend_s(pool, sh, q, kt, v, tables, context_lens, items, o, threads); };
   switch (sh.S) {
-    case 16: run(attend<16, KV>); break;
-    case 32: run(attend<32, KV>); break;
-    default: run(attend<0, KV>); break;
+    case 16: run(attend<16, KV, QO>); break;
+    case 32: run(attend<32, KV, QO>); break;
+    default: run(attend<0, KV, QO>); break;
   }
 }
 
 template <ffi::DataType kKV>
-ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q, ffi::Buffer<kKV, 4> kt_pages,
+ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<kKV, 4> kt_pages,
                           ffi::Buffer<kKV, 4> v_pages, ffi::Buffer<ffi::S32, 2> block_tables,
                           ffi::Buffer<ffi::S32, 1> context_lens, ffi::Buffer<ffi::S32, 1> cu_q_lens,
-                          ffi::ResultBuffer<ffi::F32, 3> out, float sm_scale, float soft_cap, int64_t sliding_window,
+                          ffi::Result<ffi::AnyBuffer> out, float sm_scale, float soft_cap, int64_t sliding_window,
                           int64_t threads) {
   using KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>;  // u16: bf16 bits
+  const ffi::DataType qt = q.element_type();
+  if (q.dimensions().size() != 3 || out->dimensions().size() != 3 || out->element_type() != qt ||
+      (qt != ffi::DataType::F32 && qt != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument("paged_attention: q and the output must be both f32 or both bf16 [T, H, D]");
   const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
   Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
            sm_scale, soft_cap, sliding_window};
   if (sh.K <= 0 || sh.H % sh.K || kd[2] != sh.D || vd[0] != sh.P || vd[1] != sh.S || vd[2] != sh.K ||
-      vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1)
+      vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1 ||
+      out->dimensions()[0] != qd[0] || out->dimensions()[1] != qd[1] || out->dimensions()[2] != qd[2])
     return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
   sh.G = sh.H / sh.K;
-  paged_attention(pool, sh, q.typed_data(), reinterpret_cast<const KV*>(kt_pages.typed_data()),
-                  reinterpret_cast<const KV*>(v_pages.typed_data()), block_tables.typed_data(),
-                  context_lens.typed_data(), cu_q_lens.typed_data(), out->typed_data(), threads);
+  const KV* kt = reinterpret_cast<const KV*>(kt_pages.typed_data());
+  const KV* v = reinterpret_cast<const KV*>(v_pages.typed_data());
+  if (qt == ffi::DataType::BF16)  // a bf16 model's queries and output as their bits: no converts around the call
+    paged_attention(pool, sh, static_cast<const uint16_t*>(q.untyped_data()), kt, v, block_tables.typed_data(),
+                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<uint16_t*>(out->untyped_data()),
+                    threads);
+  else
+    paged_attention(pool, sh, static_cast<const float*>(q.untyped_data()), kt, v, block_tables.typed_data(),
+                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<float*>(out->untyped_data()),
+                    threads);
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 // Aliases: the handler macro cannot take template arguments with commas.
-using F32Tokens = ffi::Buffer<ffi::F32, 3>;
 using F32Pages = ffi::Buffer<ffi::F32, 4>;
 using Bf16BitsPages = ffi::Buffer<ffi::U16, 4>;
 using S32Matrix = ffi::Buffer<ffi::S32, 2>;
@@ -465,13 +488,13 @@ using S32Vector = ffi::Buffer<ffi::S32, 1>;
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name, PagedAttention<ffi::dtype>,                                  \
                                 ffi::Ffi::Bind()                                                   \
                                     .Ctx<ffi::ThreadPool>()                                        \
-                                    .Arg<F32Tokens>()                                              \
+                                    .Arg<ffi::AnyBuffer>()                                         \
                                     .Arg<pages>()                                                  \
                                     .Arg<pages>()                                                  \
                                     .Arg<S32Matrix>()                                              \
                                     .Arg<S32Vector>()                                              \
                                     .Arg<S32Vector>()                                              \
-                                    .Ret<F32Tokens>()                                              \
+                                    .Ret<ffi::AnyBuffer>()                                         \
                                     .Attr<float>("sm_scale")                                       \
                                     .Attr<float>("soft_cap")                                       \
                                     .Attr<int64_t>("sliding_window")                               \

@@ -15,7 +15,7 @@ bit-cast: XLA:CPU copies a whole array to do that, so the engine keeps its pools
 All three are the same kernel over packed tokens: the i-th new token of sequence b sits at position
 ``context_lens[b] - q_len_b + i`` and sees the keys at positions <= its own (and, with ``sliding_window``, within
 it) of that sequence; online softmax in float32, only the pages holding visible keys read. Queries of any float
-dtype are converted to float32 and the output converted back.
+dtype are read in float32 (float32 and bf16 ones by the kernel itself) and the output given in q's dtype.
 
 ``usable(k_pages, v_pages)`` says whether to route the engine's attention here at trace time: the matmul kernels'
 conditions (``matmul.usable()``: CPU backend, one device, the library loaded, ``JAXSERVE_CPU_KERNELS`` on), pools of
@@ -105,9 +105,11 @@ def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scal
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     if kt_pages.dtype == jnp.bfloat16:  # (a copy of each pool under XLA:CPU: the engine hands over uint16 pools)
         kt_pages, v_pages = (jax.lax.bitcast_convert_type(x, jnp.uint16) for x in (kt_pages, v_pages))
-    call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], jax.ShapeDtypeStruct(q.shape, jnp.float32),
-                            vmap_method="sequential")
-    out = call(q.astype(jnp.float32), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
+    # float32 and bf16 queries go in as they are and the output comes out in their dtype (a bf16 model's attention
+    # then has no converts around it: the kernel widens q exactly and rounds o to nearest even, XLA's own converts)
+    io = q.dtype if q.dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)) else jnp.dtype(jnp.float32)
+    call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], jax.ShapeDtypeStruct(q.shape, io), vmap_method="sequential")
+    out = call(q.astype(io), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
                sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0),
                sliding_window=int(sliding_window or 0), threads=threads or matmul.default_threads())
     return out.astype(q.dtype)
