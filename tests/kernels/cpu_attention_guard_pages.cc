@@ -113,6 +113,21 @@ void run(const Case& c, std::mt19937& rng) {
     }
   for (int64_t i = cu[B] * H * D; i < T * H * D; ++i)  // padding rows: zeros
     if (out[i] != 0.f) g_worst = INFINITY;
+
+  // bf16 queries and output (bits, each array ending at a PROT_NONE page): the float32 call on the same (rounded)
+  // queries, its output rounded to nearest even, bit for bit.
+  uint16_t* q16 = guard_pages::guarded<uint16_t>(T * H * D);
+  uint16_t* out16 = guard_pages::guarded<uint16_t>(T * H * D);
+  float* qb = guard_pages::guarded<float>(T * H * D);
+  float* outb = guard_pages::guarded<float>(T * H * D);
+  for (int64_t i = 0; i < T * H * D; ++i) {
+    q16[i] = narrow(q[i], q16), out16[i] = 0x7FC0;
+    qb[i] = widen(q16[i]);
+  }
+  paged_attention(*reinterpret_cast<ffi::ThreadPool*>(no_pool), sh, qb, kt, v, tables, lens, cu32, outb, 1);
+  paged_attention(*reinterpret_cast<ffi::ThreadPool*>(no_pool), sh, q16, kt, v, tables, lens, cu32, out16, 1);
+  for (int64_t i = 0; i < T * H * D; ++i)
+    if (out16[i] != narrow(outb[i], out16)) g_worst = INFINITY;
 }
 
 }  // namespace

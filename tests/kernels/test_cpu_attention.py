@@ -132,6 +132,23 @@ def test_bf16_queries_give_the_bits_of_a_float32_call_rounded(bits_pools):
 
 
 @needs_kernels
+def test_bf16_output_rounds_ties_to_even():
+    """A row that sees one key gets that key's V row exactly; V rows of float32 values halfway between two bf16
+    neighbours (1 + 2^-8 and the like) must round to the even one, as XLA's convert does."""
+    rng, k, kt, v, tables, _, h = _case(5, [1, 1])
+    lens = jnp.asarray([1, 1], jnp.int32)
+    # halfway above an even bf16 mantissa (rounds down) or above an odd one (rounds up)
+    ties = rng.choice([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], v.shape) * 2.0 ** rng.integers(-3, 4, v.shape)
+    v = jnp.asarray(ties * rng.choice([-1, 1], v.shape), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((2, h, 64)), jnp.bfloat16)
+    got = ca.paged_attention_cpu(q, kt, v, tables, lens)
+    want = ca.paged_attention_cpu(q.astype(jnp.float32), kt, v, tables, lens)
+    assert not np.array_equal(want, want.astype(jnp.bfloat16).astype(jnp.float32))  # ties, not bf16 values
+    np.testing.assert_array_equal(jax.lax.bitcast_convert_type(got, jnp.uint16),
+                                  jax.lax.bitcast_convert_type(want.astype(jnp.bfloat16), jnp.uint16))
+
+
+@needs_kernels
 def test_thread_count_does_not_change_a_bit():
     q_lens, lengths = [1, 30, 1, 9, 1], [200, 45, 3, 9, 130]
     rng, k, kt, v, tables, lens, h = _case(4, lengths)
