@@ -12,7 +12,8 @@ backend): output tokens/s median and range over rounds, and the fraction of requ
 tokens match the first backend's (same weights, same argmax: near 1 unless a near-tie flips; a backend on
 different weights would score ~0). Backends whose venv is missing are skipped, and said so.
 Workloads: ``batch1`` (1 request, 64 -> 128 tokens), ``batch64`` (64 such requests), ``sharegpt``
-(64 ShareGPT-like long-tailed requests, lengths scaled by ``--sharegpt-scale``).
+(64 ShareGPT-like long-tailed requests, lengths scaled by ``--sharegpt-scale``), ``prefill64`` (batch64's prompts
+with 1 output token each: its prefill alone, the tok/s column then counting 64 tokens a run).
 
 A backend may name a variant after ``@``: ``llama.cpp@Q4_0`` stores the llama.cpp export's matrices as that GGML
 type (``F16``, ``BF16``, ``Q8_0``, ``Q4_0``, ...; default from ``--dtype``), ``llama.cpp@file`` serves
@@ -46,12 +47,14 @@ RECORDED_ENV = ("JAXSERVE_LLAMACPP_EXTRA_BUFTS", "JAXSERVE_CPU_KERNELS", "JAXSER
 
 
 def workloads(names: list[str], vocab: int, max_model_len: int, scale: float, seed: int) -> dict:
-    presets = {"batch1": ("fixed", 1), "batch64": ("fixed", 64), "sharegpt": ("sharegpt", 64)}
+    # name -> (dataset, requests, output tokens of a fixed request)
+    presets = {"batch1": ("fixed", 1, 128), "batch64": ("fixed", 64, 128), "sharegpt": ("sharegpt", 64, 128),
+               "prefill64": ("fixed", 64, 1)}
     unknown = sorted(set(names) - set(presets))
     if unknown:
         raise ValueError(f"unknown workload(s) {unknown}; choose from {sorted(presets)}")
     return {n: make_workload(presets[n][0], presets[n][1], vocab, max_model_len, seed, input_len=(64, 64),
-                             output_len=(128, 128), length_scale=scale) for n in names}
+                             output_len=(presets[n][2],) * 2, length_scale=scale) for n in names}
 
 
 def backend_options(spec: str, args) -> tuple[str, BenchOptions]:
