@@ -78,13 +78,13 @@ int main(int argc, char** argv) {
         const int64_t Mp = (M + 15) / 16 * 16;
         gemm_packed(pool, x, M, K, packed, N, y, 1);  // the float32 sums, the reference of both
         uint16_t* yb = guarded<uint16_t>(M * N);
-        gemm_packed_bf16x(pool, x_bf16_padded(xb, M, K, Mp, Kp), M, K, packed, N, yb, kBf16, nullptr, 1);
+        gemm_packed_bf16x(pool, XRows{xb, false}, M, K, packed, N, yb, kBf16, nullptr, 1);
         for (int64_t i = 0; i < M * N; ++i)
           worst_bf16 = std::max(worst_bf16, std::fabs(from_bf16(yb[i]) - y[i]) / std::max(std::fabs(y[i]), 1e-30f));
         if (N % 64 == 0) {
           const int64_t I = N / 2;
           uint16_t* h = guarded<uint16_t>(M * I);
-          gemm_packed_bf16x(pool, x_bf16_padded(xb, M, K, Mp, Kp), M, K, packed, N, h, kGatedBf16, silu.data(), 1);
+          gemm_packed_bf16x(pool, XRows{xb, false}, M, K, packed, N, h, kGatedBf16, silu.data(), 1);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t i = 0; i < I; ++i) {
               const float want = silu[to_bf16(y[m * N + i])] * from_bf16(to_bf16(y[m * N + I + i]));
