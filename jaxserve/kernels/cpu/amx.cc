@@ -372,8 +372,8 @@ const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t M
 // prefetching the stream kPackedPrefetch bytes ahead into L2: so a thread asks memory for weights all along, not in
 // the first block's pass only (each block passing over a whole stretch, as before: gate/up at 64 rows from memory,
 // two threads, 206 -> 172 us a call, 17 -> 21 GB/s; down 131 -> 113 us). A last block of at most 16 rows then passes
-// over the stretch (two streams at once; prefetching those measured no faster at 1-16 rows). xa: x as x_to_bf16 /
-// x_bf16_padded give it.
+// over the stretch (two streams at once; prefetching those measured no faster at 1-16 rows). x: the rows as the
+// caller holds them, padded by each thread into its own buffer (padded_rows).
 // x [M, K] as the caller holds it: float32 or bf16 rows, K apart.
 struct XRows {
   const void* data;
