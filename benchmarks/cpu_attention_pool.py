@@ -58,8 +58,9 @@ def bench(pool_pages: int, rounds: int, batch: int = BATCH, contexts: tuple[int,
         out.block_until_ready()
         means.append((time.perf_counter() - t0) / (2 * LAYERS) * 1e3)
     kv_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * 2
-    row = dict(batch=batch, contexts=list(contexts), pool_pages=pool_pages, pool_mib=2 * kt.nbytes / 2**20, best_ms=min(means),
-               median_ms=statistics.median(means), kv_mb=kv_bytes / 1e6, gb_s=kv_bytes / min(means) / 1e6)
+    row = dict(batch=batch, contexts=list(contexts), pool_pages=pool_pages, pool_mib=2 * kt.nbytes / 2**20,
+               best_ms=min(means), median_ms=statistics.median(means), kv_mb=kv_bytes / 1e6,
+               gb_s=kv_bytes / min(means) / 1e6)
     print(f"pool {row['pool_mib']:7.0f} MiB  {row['best_ms']:.3f} ms/call (median {row['median_ms']:.3f})"
           f"  {row['kv_mb']:.2f} MB K/V -> {row['gb_s']:.1f} GB/s", flush=True)
     return row

@@ -75,7 +75,6 @@ int main(int argc, char** argv) {
         // the float32 sums above rounded, checked to bf16's precision.
         uint16_t* xb = guard_pages::guarded<uint16_t>(M * K);
         for (int64_t i = 0; i < M * K; ++i) xb[i] = to_bf16(x[i]);
-        const int64_t Mp = (M + 15) / 16 * 16;
         gemm_packed(pool, x, M, K, packed, N, y, 1);  // the float32 sums, the reference of both
         uint16_t* yb = guarded<uint16_t>(M * N);
         gemm_packed_bf16x(pool, XRows{xb, false}, M, K, packed, N, yb, kBf16, nullptr, 1);

@@ -45,6 +45,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// x [M, K] as the caller of the packed GEMM holds it: float32 or bf16 rows, K apart.
+struct XRows {
+  const void* data;
+  bool f32;
+};
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kBuiltWithAmx = true;
 
@@ -173,8 +179,8 @@ void pack_w(const uint16_t* w, int64_t K, int64_t N, int64_t n0, int64_t width, 
 // C 0-1 (kTwo: and C 2-3) = one block of rows of x from m0 (kTwo: two 16-row tiles, C 2-3 the second; else one tile of
 // the configured rows) times 32 packed columns: for each k block kb, the two B tiles at b0 + kb * kb_stride. Each C
 // tile takes the k blocks in order, one TDPBF16PS each: the same bits whatever the blocking around it.
-// kPrefetch: each k block also prefetches the 2 KB kPackedPrefetch bytes past its B tiles into L2 (the packed stream's
-// next group, for a thread that streams the weights from memory).
+// kPrefetch: each k block also prefetches the 2 KB kPackedPrefetch bytes past its B tiles into L2 (the packed
+// stream's next group, for a thread that streams the weights from memory).
 constexpr int64_t kPackedPrefetch = 32 * 1024;
 template <bool kTwo, bool kPrefetch = false>
 void group_sums(const uint16_t* xa, int64_t Kp, int64_t m0, const uint16_t* b0, int64_t kb_stride) {
@@ -366,6 +372,12 @@ const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t M
   return out;
 }
 
+// x as this thread's padded bf16 tiles (x_to_bf16 / x_bf16_padded into its own scratch).
+const uint16_t* padded_rows(XRows x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
+  return x.f32 ? x_to_bf16(static_cast<const float*>(x.data), M, K, Mp, Kp)
+               : x_bf16_padded(static_cast<const uint16_t*>(x.data), M, K, Mp, Kp);
+}
+
 // Each thread takes a contiguous range of the output's 32-column groups (k/v's 6: 3 a thread; with kGatedBf16 a group
 // of y reads the gate group g and the up group g + I / 32) and walks it in stretches of at most kPackedChunkGroups.
 // Every 32-row block of x passes over one group before the next group (the group then in L1 or L2), the first block
@@ -374,18 +386,6 @@ const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t M
 // two threads, 206 -> 172 us a call, 17 -> 21 GB/s; down 131 -> 113 us). A last block of at most 16 rows then passes
 // over the stretch (two streams at once; prefetching those measured no faster at 1-16 rows). x: the rows as the
 // caller holds them, padded by each thread into its own buffer (padded_rows).
-// x [M, K] as the caller holds it: float32 or bf16 rows, K apart.
-struct XRows {
-  const void* data;
-  bool f32;
-};
-
-// x as this thread's padded bf16 tiles (x_to_bf16 / x_bf16_padded into its own scratch).
-const uint16_t* padded_rows(XRows x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
-  return x.f32 ? x_to_bf16(static_cast<const float*>(x.data), M, K, Mp, Kp)
-               : x_bf16_padded(static_cast<const uint16_t*>(x.data), M, K, Mp, Kp);
-}
-
 void gemm_packed_bf16x(ffi::ThreadPool& pool, XRows x, int64_t M, int64_t K, const uint16_t* packed,
                        int64_t N, void* out, Epilogue epilogue, const void* aux, int64_t threads) {
   const float* act = static_cast<const float*>(aux);            // kGatedBf16: the activation's table
@@ -611,10 +611,6 @@ void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_
 enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
 const uint16_t* x_to_bf16(const float*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 const uint16_t* x_bf16_padded(const uint16_t*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
-struct XRows {
-  const void* data;
-  bool f32;
-};
 void gemm_packed_bf16x(ffi::ThreadPool&, XRows, int64_t, int64_t, const uint16_t*, int64_t, void*, Epilogue,
                        const void*, int64_t) {}
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -671,7 +667,8 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
                                     aux.dimensions()[0] != M || aux.dimensions()[1] != N))
     return ffi::Error::InvalidArgument(name + ": a residual epilogue needs a bf16 residual [M, N]");
   if (M == 0 || N == 0) return ffi::Error::Success();
-  gemm_packed_bf16x(pool, XRows{x.untyped_data(), x.element_type() == ffi::DataType::F32}, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
+  const XRows rows{x.untyped_data(), x.element_type() == ffi::DataType::F32};
+  gemm_packed_bf16x(pool, rows, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
                     Epilogue(epilogue), aux.untyped_data(), threads);
   return ffi::Error::Success();
 }
