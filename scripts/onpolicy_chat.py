@@ -9,7 +9,7 @@ paragraphs of ``tests/data/real_text`` and files of the pycode-v1 training split
 the tokenizer's chat template; and ``plain_fraction`` raw windows of the same texts. Rows alternate greedy /
 sampled at temperature 1 (``sampled_fraction`` of them), and stop at EOS or ``max_tokens``; the serving engine generates them (``generator=engine``,
 bf16 by default), or the float32 ``target_only_generate`` loop (``generator=loop``). After every batch ``out.npy`` (i32[N]: each
-prompt + continuation, EOS-separated), ``out_windows.npy`` (that stream as training windows) and ``out.json``
+prompt + continuation, EOS-separated), ``out_ends.npy`` (i64[P]: where each piece ends in it), ``out_windows.npy`` (that stream as training windows) and ``out.json``
 (counts) are rewritten, so a run stopped at
 ``budget_s`` (or killed) leaves usable data. The same prompt split is held out by ``heldout`` for evaluation.
 
@@ -265,6 +265,7 @@ def main(argv: list[str]) -> None:
         stats["elapsed_s"] = round(time.perf_counter() - t0, 1)
         stats["stream_tokens"] = int(sum(len(x) for x in pieces))
         np.save(out.with_suffix(".npy"), np.concatenate(pieces))
+        np.save(out.parent / f"{out.name}_ends.npy", np.cumsum([len(x) for x in pieces]))  # where each piece ends
         np.save(out.parent / f"{out.name}_windows.npy", packed_windows(pieces, cfg.seq_len, eos) if cfg.pack
                 else windows(np.concatenate(pieces), cfg.seq_len))
         out.with_suffix(".json").write_text(json.dumps({**stats, "config": dataclasses.asdict(cfg)}, indent=1))

@@ -12,7 +12,7 @@ def test_speculative_config_from_json():
     assert spec == SpeculativeConfig(method="ngram", num_speculative_tokens=2, max_ngram=4)
     for text, match in [('{"gamma": 3}', r"unknown speculative config key\(s\) \['gamma'\]"),
                         ("{method: ngram}", "not valid JSON"), ("[1, 2]", "must be a JSON object"),
-                        ('{"method": "eagle"}', "method must be one of")]:
+                        ('{"method": "lookahead"}', "method must be one of")]:
         with pytest.raises(ValueError, match=match):
             SpeculativeConfig.from_json(text)
 

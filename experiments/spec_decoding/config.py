@@ -19,6 +19,9 @@ class SpecDecodingConfig:
     # trained Medusa heads (python -m experiments.medusa_heads writes them); null: heads initialised from
     # the target's LM head, untrained (smoke only)
     medusa_heads: Optional[str] = "runs/medusa_heads/tiny-code"
+    # an EAGLE draft's directory (scripts/train_eagle.py writes one; "jaxserve/<zoo name>" for a bundled one), for
+    # the engine method "eagle" (the engine path only)
+    eagle: Optional[str] = None
     methods: tuple = ("draft_model", "ngram", "medusa")  # also "suffix" (SuffixDecoding: host suffix trees)
     gammas: tuple = (1, 2, 3, 4, 5, 6, 7, 8)   # Medusa rows stop at its number of heads
     batches: tuple = (1, 4, 16)

@@ -28,6 +28,7 @@ from experiments.spec_decoding.measure import engine_policy, measure_engine_poin
 from experiments.spec_decoding.prompt_sets import CHAT_SETS, chat_prompts
 from jaxserve.speculative.draft_vocab import restrict_head
 from jaxserve.speculative.token_counts import load_counts, most_frequent
+from jaxserve.speculative.eagle import load_eagle
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params, load_heads
 from jaxserve.train.data import prompt_windows
 
@@ -95,6 +96,10 @@ def check(cfg) -> None:
                          "repetitive_prompts=false")
     for policy in cfg.engine_policies:
         engine_policy(policy)
+    if "eagle" in cfg.methods:
+        raise ValueError("methods: 'eagle' runs on the engine path only (engine_methods=[eagle])")
+    if "eagle" in cfg.engine_methods and cfg.eagle is None:
+        raise ValueError("engine_methods has 'eagle' but eagle=null: give an EAGLE draft's directory")
 
 
 def proposers(cfg, tcfg, tparams):
@@ -115,6 +120,9 @@ def proposers(cfg, tcfg, tparams):
             out["medusa"] = (hcfg, init_medusa_params(hcfg, tparams, tcfg))
         else:
             out["medusa"] = load_heads(os.path.join(ROOT, cfg.medusa_heads))
+    if "eagle" in cfg.engine_methods:
+        out["eagle"] = load_eagle(model_path(cfg.eagle if cfg.eagle.startswith("jaxserve/")
+                                             else os.path.join(ROOT, cfg.eagle)), tcfg.dtype)
     return out
 
 

@@ -18,7 +18,8 @@ from jaxserve.models.loading import model_path, resolve_model, with_matmul_dtype
 from jaxserve.moe.router_state_file import load_router_state
 from jaxserve.engine.beam_search import BeamSearchOutput, beam_search
 from jaxserve.sampling_params import BeamSearchParams, SamplingParams
-from jaxserve.speculative.config import SpeculativeConfig, check_draft_matches, check_medusa_matches
+from jaxserve.speculative.config import (SpeculativeConfig, check_draft_matches, check_eagle_matches,
+                                         check_medusa_matches)
 from jaxserve.speculative.draft_vocab import restrict_head
 from jaxserve.speculative.token_counts import load_counts, most_frequent
 
@@ -256,6 +257,11 @@ def _load_proposer(spec: SpeculativeConfig | None, config: ModelConfig, tokenize
         if spec.draft_vocab_size is not None:
             counts = load_counts(model_path(spec.draft_model), draft_config.vocab_size)
         return _proposer(spec, config, tokenizer, draft_config, draft_params, draft_tokenizer, counts)
+    if spec.method == "eagle":
+        if spec.draft_model is None:
+            raise ValueError("SpeculativeConfig(method='eagle') needs draft_model (an EAGLE draft's directory)")
+        from jaxserve.speculative.eagle import load_eagle
+        return _proposer(spec, config, tokenizer, *load_eagle(model_path(spec.draft_model), dtype or config.dtype))
     if spec.method == "medusa":
         if spec.medusa_heads is None:
             raise ValueError("SpeculativeConfig(method='medusa') needs medusa_heads (a directory of trained heads)")
@@ -280,4 +286,7 @@ def _proposer(spec, config, tokenizer, proposer_config, proposer_params, propose
     if spec.method == "medusa":
         check_medusa_matches(config, proposer_config, spec.gamma)
         return Proposer(spec.method, proposer_config, proposer_params)
+    if spec.method == "eagle":  # (proposer_tokenizer: the head's token ids i32[N])
+        check_eagle_matches(config, proposer_config, proposer_tokenizer)
+        return Proposer(spec.method, proposer_config, proposer_params, np.asarray(proposer_tokenizer, np.int32))
     return Proposer(spec.method)  # ngram, suffix: no weights

@@ -31,17 +31,18 @@ from jaxserve.config import ModelConfig
 from jaxserve.engine import step_programs as programs
 from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, SampleRow, collect_samples, pack,
                                       sample_rows, sampling_columns)
-from jaxserve.engine.proposer import Proposer
+from jaxserve.engine.proposer import DRAFT_POOL_METHODS, HIDDEN_METHODS, Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxserve.kernels.cpu import amx_usable
 from jaxserve.kernels.cpu.int8_head import with_int8_head
-from jaxserve.kernels.cpu.packed import pack_dense_kernels, pack_tied_head
+from jaxserve.kernels.cpu.packed import pack_bf16, pack_dense_kernels, pack_tied_head
 from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import attention_backend, new_kv_pool
 from jaxserve.models.loading import to_device
 from jaxserve.parallel.layout import Layout
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.config import SpeculativeConfig
+from jaxserve.speculative.eagle import eagle_head
 from jaxserve.speculative.round import RoundInputs
 from jaxserve.speculative.suffix_tree import SuffixCache
 
@@ -124,12 +125,17 @@ class ModelRunner:
             # on a mesh the proposer (draft model, Medusa heads) and its pool are replicated: it is small
             place = to_device if layout is None else layout.place_replicated
             self.proposer = dataclasses.replace(proposer, params=place(proposer.params), head=place(proposer.head))
-            if pack and proposer.method == "draft_model" and packs_for_amx(proposer.config):
+            if pack and proposer.method in DRAFT_POOL_METHODS and packs_for_amx(proposer.config):
                 self.proposer = dataclasses.replace(self.proposer, params=pack_dense_kernels(self.proposer.params))
-            if proposer.method == "draft_model":
+            if proposer.method == "eagle":  # its head: the target's own, cut to the draft's token ids
+                head = eagle_head(self.params, config, proposer.head)
+                if pack and packs_for_amx(proposer.config) and head.kernel.dtype == jnp.bfloat16:
+                    head = head.replace(kernel=pack_bf16(head.kernel))  # greedy drafts: packed_argmax
+                self.proposer = dataclasses.replace(self.proposer, head=head)
+            if proposer.method in DRAFT_POOL_METHODS:
                 build_draft = lambda: new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)  # noqa: E731
                 self.draft_pool = build_draft() if layout is None else layout.new_pool(build_draft, sharded=False)
-        # Medusa: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
+        # Medusa and EAGLE: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
         self._hidden: dict[int, tuple[object, np.ndarray]] = {}
         # suffix decoding: the host trees, and the live sequences whose outputs join the global tree at the end
         self._suffix = None if proposer is None or proposer.method != "suffix" else SuffixCache(
@@ -151,7 +157,7 @@ class ModelRunner:
     @property
     def _catches_up(self) -> bool:
         """Whether plain decode steps skip the draft model, so rounds may first catch it up."""
-        return self.plain_decodes and self.draft_pool is not None
+        return self.plain_decodes and self.proposer.method == "draft_model"
 
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
@@ -240,27 +246,31 @@ class ModelRunner:
     def _fill(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
         shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=self.plain_decodes)
         rows = sample_rows(entries)
-        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows, logprobs)
+        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows, logprobs, entries)
         result = collect_samples(entries, len(rows), toks, lps)
         if not logprobs:
             result.logprobs.clear()
-        if self.draft_pool is not None:
+        if self.proposer.method == "draft_model":
             self._note_draft_fill(entries, draft_pass=not shape[3])
-        if self.proposer.method == "medusa":
-            for k, row in enumerate(rows):
-                e = entries[row.entry]
-                if row.index == e.index:  # the entry's own (first) sample
-                    self._hidden[e.seq_id] = (e.seq, hidden[k])
+        if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
+            for k, e in enumerate(entries):
+                self._hidden[e.seq_id] = (e.seq, hidden[k])
         return result
 
-    def _run_fill(self, step: PackedStep, rows, logprobs: bool) -> tuple[np.ndarray, ...]:
+    def _run_fill(self, step: PackedStep, rows, logprobs: bool, entries=()) -> tuple[np.ndarray, ...]:
         sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
+        features = None
+        if self.proposer.method == "eagle":  # each entry's first token reads the feature its last step left
+            features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
+            for k, e in enumerate(entries):
+                features[k] = self._carried_hidden(e.seq)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
-            step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs),
+            step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs), features,
             **self._speculative_static(),
-            draft_pass=not step.decode_only)
-        return tuple(x[: len(rows)] for x in jax.device_get((toks, lps, hidden)))
+            draft_pass=not step.decode_only or self.proposer.method == "eagle")
+        toks, lps, hidden = jax.device_get((toks, lps, hidden))
+        return toks[: len(rows)], lps[: len(rows)], hidden
 
     # ---- the draft model's pool: which positions it holds, and catching it up -----------------
 
@@ -308,14 +318,14 @@ class ModelRunner:
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 
     def _round(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
-        if self.draft_pool is not None:
+        if self.proposer.method == "draft_model":
             self._catch_up_draft(entries)
         inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
         toks, num_accepted, lps, hidden = self._run_round(inputs, extra, logprobs)
         result = RunnerOutput(target_rows=len(entries))
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
-            if self.draft_pool is not None:  # the next round's L is start_pos + n + 1 (spec_round's invariant)
+            if self.proposer.method == "draft_model":  # the next round's L is start_pos + n + 1 (spec_round's)
                 self._draft_len[e.seq_id] = (e.seq, e.start_pos + n)
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
             if logprobs:
@@ -323,7 +333,7 @@ class ModelRunner:
             result.accepted[e.seq_id] = n
             if self._suffix is not None:
                 result.drafted[e.seq_id] = int(extra[1][i])
-            if self.proposer.method == "medusa":
+            if self.proposer.method in HIDDEN_METHODS:
                 self._hidden[e.seq_id] = (e.seq, hidden[i])
         return result
 
@@ -342,7 +352,7 @@ class ModelRunner:
         rows = []
         method = self.proposer.method
         history = np.zeros((b, m * self.block_size), np.int32) if method == "ngram" else None
-        hidden = np.zeros((b, self.config.hidden_size), np.float32) if method == "medusa" else None
+        hidden = np.zeros((b, self.config.hidden_size), np.float32) if method in HIDDEN_METHODS else None
         for i, e in enumerate(entries):
             pos = e.start_pos
             tables[i, :len(e.block_table)] = e.block_table
@@ -352,7 +362,7 @@ class ModelRunner:
             if history is not None:
                 history[i, :pos + 1] = e.seq.token_slice(0, pos + 1)
             if hidden is not None:
-                hidden[i] = self._medusa_state(e.seq)
+                hidden[i] = self._carried_hidden(e.seq)
         cols = sampling_columns(rows, b)
         sampling = SamplingBatch(temperature=cols["temperature"], top_k=cols["top_k"], top_p=cols["top_p"],
                                  seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
@@ -360,7 +370,8 @@ class ModelRunner:
                              active=np.arange(b) < len(entries), sampling=sampling)
         if method == "suffix":
             return inputs, self._suffix_drafts(entries, b)
-        extra = {"draft_model": self.proposer.head, "ngram": history, "medusa": hidden}[method]
+        extra = {"draft_model": self.proposer.head, "ngram": history, "medusa": hidden,
+                 "eagle": (self.proposer.head, hidden)}[method]
         return inputs, extra
 
     def _suffix_drafts(self, entries: list[ScheduledSequence], b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -387,7 +398,7 @@ class ModelRunner:
                 self._suffix.finish(seq_id, seq.output_token_ids)
                 del self._suffix_seqs[seq_id]
 
-    def _medusa_state(self, seq) -> np.ndarray:
+    def _carried_hidden(self, seq) -> np.ndarray:
         """The sequence's hidden; a forked sample starts from its request's prompt hidden (same position)."""
         for s in [seq, *seq.request.seqs]:
             if s.seq_id in self._hidden:

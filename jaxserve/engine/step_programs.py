@@ -25,6 +25,7 @@ from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import logprobs_if, sample, token_logprobs
 from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.eagle_round import draft_fill, eagle_round
 from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.ngram import ngram_round
 from jaxserve.speculative.rejection import sample_tokens
@@ -97,17 +98,27 @@ SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_i
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("draft_pass",),
                    donate_argnames=("target_pool", "draft_pool"))
 def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, tokens, positions,
-              meta, last, sample_entry, sbatch, want_logprobs, *, target_config, proposer_config, method: str,
-              attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
-    """Target pass (+ its hidden for Medusa) and, with ``draft_pass``, the draft's pass over the same packed
-    tokens, so the draft's pool covers what the target's does (a plain decode step skips it: ``draft_catch_up``
-    runs the draft over what it skipped before the sequence's next round); samples rows and returns their
-    tokens' log-probabilities under the raw logits (NaN unless ``want_logprobs``, a traced bool, as in
-    ``plain_step``). Float proposer weights are untouched by ``quant``.
+              meta, last, sample_entry, sbatch, want_logprobs, entry_features=None, *, target_config, proposer_config,
+              method: str, attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
+    """Target pass (+ its hidden for Medusa and EAGLE) and, with ``draft_pass``, the draft's pass over the same
+    packed tokens, so the draft's pool covers what the target's does (a plain decode step skips a draft model's:
+    ``draft_catch_up`` runs it over what it skipped before the sequence's next round; an EAGLE draft, which
+    reads the target's hidden states, always runs); samples rows and returns their tokens' log-probabilities
+    under the raw logits (NaN unless ``want_logprobs``, a traced bool, as in ``plain_step``), and the target's
+    hidden f32[R', E] at each entry's last token (Medusa, EAGLE; else zeros). ``entry_features`` f32[R', E]
+    (EAGLE): the hidden before each entry's first token (``jaxserve.speculative.eagle_round.fill_features``).
+    Float proposer weights are untouched by ``quant``.
     ``layout``: the target's mesh, as in ``plain_step``; the proposer runs replicated on it."""
     TRACES[0] += 1
     with matmul_context(quant):
-        if method == "medusa":
+        if method == "eagle":
+            logits, hidden_all, target_pool = forward_with_hidden(
+                target_params, target_config, tokens, positions, target_pool, meta, attention_impl=attention_impl,
+                logits_indices=last, layout=layout, all_hidden=True)
+            draft_pool = draft_fill(proposer_params, proposer_config, target_params, target_config, tokens, positions,
+                                    hidden_all, entry_features, draft_pool, meta, attention_impl)
+            hidden = hidden_all[last].astype(jnp.float32)
+        elif method == "medusa":
             logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
                                                               target_pool, meta, attention_impl=attention_impl,
                                                               logits_indices=last, layout=layout)
@@ -121,7 +132,7 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
         logits = logits[sample_entry]
         toks = sample_tokens(logits, sbatch)
         logprobs = logprobs_if(want_logprobs, lambda: token_logprobs(logits, toks), toks.shape)
-        return _on_mesh(layout, (toks, logprobs, hidden[sample_entry]), target_pool, draft_pool)
+        return _on_mesh(layout, (toks, logprobs, hidden), target_pool, draft_pool)
 
 
 @functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
@@ -132,7 +143,8 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
     """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1] (NaN unless
     ``want_logprobs``, a traced bool), Medusa's next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the
     n-gram history i32[B, H], the
-    Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), or suffix decoding's
+    Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), EAGLE's (``DraftHead``, the
+    hidden f32[B, E] before each row's last token), or suffix decoding's
     host drafts i32[B, W] (W <= G: the round's width) and their lengths i32[B]."""
     TRACES[0] += 1
     with matmul_context(quant):
@@ -144,6 +156,11 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
         elif method == "ngram":
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
                             max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl, layout=layout)
+        elif method == "eagle":
+            r = eagle_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra[1],
+                            target_config=target_config, draft_config=proposer_config, head=extra[0], gamma=gamma,
+                            attention_impl=attention_impl, layout=layout)
+            draft_pool = r.draft_pool
         elif method == "suffix":
             r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config, max_gamma=gamma,
                              attention_impl=attention_impl, layout=layout)

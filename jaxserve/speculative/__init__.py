@@ -5,6 +5,10 @@ from jaxserve.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "DraftHead": "jaxserve.speculative.draft_vocab",
+    "EagleDraft": "jaxserve.speculative.eagle",
+    "eagle_round": "jaxserve.speculative.eagle_round",
+    "load_eagle": "jaxserve.speculative.eagle",
+    "save_eagle": "jaxserve.speculative.eagle",
     "MedusaConfig": "jaxserve.speculative.medusa",
     "RoundInputs": "jaxserve.speculative.round",
     "RoundOutputs": "jaxserve.speculative.round",
@@ -33,6 +37,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
 if TYPE_CHECKING:
     from jaxserve.speculative.config import SpeculativeConfig
     from jaxserve.speculative.draft_vocab import DraftHead, restrict_head
+    from jaxserve.speculative.eagle import EagleDraft, load_eagle, save_eagle
+    from jaxserve.speculative.eagle_round import eagle_round
     from jaxserve.speculative.generate import (medusa_generate, ngram_generate, speculative_generate, suffix_generate,
                                                target_only_generate)
     from jaxserve.speculative.medusa import MedusaConfig, load_heads, medusa_round

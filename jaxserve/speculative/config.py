@@ -4,6 +4,8 @@
 num_speculative_tokens=4))``. Methods:
 
 - ``draft_model``: a small model with the target's vocabulary (and tokenizer) proposes γ tokens;
+- ``eagle``: an EAGLE draft (``jaxserve.speculative.eagle``: one decoder layer over the target's hidden states,
+  drafting from the target's own head cut to its frequent tokens; ``draft_model`` names its directory);
 - ``ngram``: prompt lookup over the sequence's own tokens (no extra weights);
 - ``medusa``: Medusa-1 heads on the target's last hidden state (``medusa_heads``: a directory
   written by ``python -m experiments.medusa_heads``); γ is at most the number of heads;
@@ -20,18 +22,20 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+
 from jaxserve.config import DTYPES
 from jaxserve.speculative.suffix_tree import check_suffix_settings
 from jaxserve.validation import is_int
 
-METHODS = ("draft_model", "ngram", "medusa", "suffix")
+METHODS = ("draft_model", "eagle", "ngram", "medusa", "suffix")
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
     method: str = "draft_model"
     num_speculative_tokens: int = 4  # γ: tokens proposed per round
-    draft_model: str | None = None  # method "draft_model": zoo name, checkpoint or HF directory
+    draft_model: str | None = None  # method "draft_model": zoo name, checkpoint or HF directory; "eagle": its directory
     medusa_heads: str | None = None  # method "medusa": directory of trained heads
     max_ngram: int = 3  # method "ngram": longest / shortest suffix looked up
     min_ngram: int = 1
@@ -137,3 +141,17 @@ def check_medusa_matches(target_config: Any, heads_config: Any, gamma: int) -> N
                          f"{target_config.vocab_size}")
     if gamma > heads_config.num_heads:
         raise ValueError(f"num_speculative_tokens {gamma} exceeds the {heads_config.num_heads} medusa heads")
+
+
+def check_eagle_matches(target_config: Any, draft_config: Any, head_tokens) -> None:
+    """ValueError unless an EAGLE draft's layer fits the target (hidden size, vocabulary) and its head's token ids
+    are distinct ids of the target's vocabulary."""
+    if (draft_config.hidden_size, draft_config.vocab_size) != (target_config.hidden_size, target_config.vocab_size):
+        raise ValueError(f"the EAGLE draft expects hidden_size {draft_config.hidden_size} and vocab_size "
+                         f"{draft_config.vocab_size}, the target has {target_config.hidden_size} and "
+                         f"{target_config.vocab_size}")
+    ids = np.asarray(head_tokens)
+    if ids.ndim != 1 or ids.size == 0 or len(np.unique(ids)) != ids.size or ids.min() < 0 \
+            or ids.max() >= target_config.vocab_size:
+        raise ValueError(f"the EAGLE draft's head token ids must be distinct ids in [0, {target_config.vocab_size}), "
+                         f"got {ids.size} ids")

@@ -15,9 +15,10 @@ from jaxserve.parallel.layout import Layout
 
 def forward_with_hidden(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
                         kv_pool: KVPool, meta: AttentionMetadata, *, attention_impl: str = "auto",
-                        logits_indices: jax.Array | None = None, layout: Layout | None = None
-                        ) -> tuple[jax.Array, jax.Array, KVPool]:
-    """``transformer.forward`` plus the final-norm output f32[T or len(logits_indices), E].
+                        logits_indices: jax.Array | None = None, layout: Layout | None = None,
+                        all_hidden: bool = False) -> tuple[jax.Array, jax.Array, KVPool]:
+    """``transformer.forward`` plus the final-norm output [T or len(logits_indices), E] (every token's with
+    ``all_hidden``, while the logits are still only ``logits_indices``'), in the model's dtype.
 
     The hidden state is the input of the LM head, captured from the ``final_norm`` module, so
     the model code needs no extra output. ``layout``: the device mesh, as for ``forward``.
@@ -26,7 +27,7 @@ def forward_with_hidden(params: dict, config: ModelConfig, tokens: jax.Array, po
         {"params": params}, tokens, positions, kv_pool, meta, logits_indices,
         capture_intermediates=lambda module, _: module.name == "final_norm")
     hidden = state["intermediates"]["final_norm"]["__call__"][0]
-    if logits_indices is not None:
+    if logits_indices is not None and not all_hidden:
         hidden = hidden[logits_indices]
     return logits, hidden, kv_pool
 

@@ -28,9 +28,8 @@ from flax import traverse_util
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.parallel.layout import Layout
-from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.rejection import round_uniforms
-from jaxserve.speculative.round import RoundInputs, RoundOutputs, multi_token_meta, accept_and_advance
+from jaxserve.speculative.round import RoundInputs, RoundOutputs, accept_and_advance, verify_with_hidden
 
 CONFIG_FILE, PARAMS_FILE = "medusa_config.json", "medusa_params.npz"
 
@@ -89,15 +88,11 @@ def medusa_round(target_params: dict, heads_params: dict, target_pool: KVPool, i
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size,
                        jnp.all(s.temperature <= 0))
     x = medusa_propose(heads_params, heads_config, hidden, gamma)
-    b = x.shape[0]
-    toks = jnp.concatenate([inputs.last_tokens[:, None], x], axis=1)
-    pos = inputs.positions[:, None] + jnp.arange(gamma + 1)[None, :]
-    logits, hid, target_pool = forward_with_hidden(
-        target_params, target_config, toks.reshape(-1), pos.reshape(-1), target_pool,
-        multi_token_meta(inputs, pos, target_pool.page_size), attention_impl=attention_impl, layout=layout)
-    r = accept_and_advance(inputs, x, None, logits.reshape(b, gamma + 1, -1), u, target_pool, None)
+    logits, hid, target_pool = verify_with_hidden(target_params, target_config, target_pool, inputs, x,
+                                                  attention_impl, layout)
+    r = accept_and_advance(inputs, x, None, logits, u, target_pool, None)
     # the hidden at L + n produced the new last token: the heads read it next round
-    nxt = hid.reshape(b, gamma + 1, -1)[jnp.arange(b), r.num_accepted]
+    nxt = hid[jnp.arange(x.shape[0]), r.num_accepted]
     return r.replace(hidden=jnp.where(inputs.active[:, None], nxt, hidden))
 
 

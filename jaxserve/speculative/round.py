@@ -166,6 +166,19 @@ def target_verify(params: dict, config: ModelConfig, pool: KVPool, inputs: Round
     return logits.reshape(b, g + 1, -1), pool
 
 
+def verify_with_hidden(params: dict, config: ModelConfig, pool: KVPool, inputs: RoundInputs, draft_tokens: jax.Array,
+                       attention_impl: str, layout: Layout | None = None) -> tuple[jax.Array, jax.Array, KVPool]:
+    """``target_verify`` that also returns the target's hidden [B, G+1, E] at L..L+G (what Medusa heads and an
+    EAGLE draft read next)."""
+    b, g = draft_tokens.shape
+    toks = jnp.concatenate([inputs.last_tokens[:, None], draft_tokens], axis=1)
+    pos = inputs.positions[:, None] + jnp.arange(g + 1)[None, :]
+    logits, hidden, pool = forward_with_hidden(params, config, toks.reshape(-1), pos.reshape(-1), pool,
+                                               multi_token_meta(inputs, pos, pool.page_size),
+                                               attention_impl=attention_impl, layout=layout)
+    return logits.reshape(b, g + 1, -1), hidden.reshape(b, g + 1, -1), pool
+
+
 def spec_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
                inputs: RoundInputs, *, target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
                attention_impl: str = "auto", draft_head: DraftHead | None = None,

@@ -218,8 +218,8 @@ def _tokenizer(words):
 
 
 def test_bad_speculative_settings_raise_before_anything_is_built(models):
-    with pytest.raises(ValueError, match="'eagle'"):
-        SpeculativeConfig(method="eagle")
+    with pytest.raises(ValueError, match="'lookahead'"):
+        SpeculativeConfig(method="lookahead")
     with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
         SpeculativeConfig(num_speculative_tokens=0)
     with pytest.raises(ValueError, match="draft_matmul_dtype must be None or one of .*, got 'int8'"):

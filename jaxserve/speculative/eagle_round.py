@@ -1,0 +1,116 @@
+"""One speculative round with an EAGLE draft (``jaxserve.speculative.eagle``), and the draft's pass over a fill.
+
+Axis names: B sequences, G draft tokens per round (γ), T packed tokens, E hidden size, V vocabulary.
+
+State between rounds, per row, with L = ``positions`` (the position of ``last_tokens``):
+- the target pool holds K/V for [0, L), as in ``spec_round``;
+- the draft pool holds K/V for [0, L), each position written from its true feature f_{p-1};
+- ``features`` f32[B, E] is the target's f_{L-1}, the LM head input that produced ``last_tokens``.
+
+A round drafts γ tokens in γ one-token draft steps at L .. L+γ-1 (the first reads f_{L-1}, the others the
+draft's own f̂), verifies them in one target pass that also returns f_L .. f_{L+γ}, accepts n of them, and
+then rewrites the draft's K/V at L+1 .. L+γ from the true features (one γ-token pass): positions up to L+n
+now hold what a fill would have written, later ones are overwritten before anything attends to them. The
+next round's feature is f_{L+n}. A fill (prefill chunks, plain decodes) runs the draft over its tokens with
+each token's feature shifted by one within its entry, the entry's first token reading the feature carried
+from the entry's previous step (zeros at position 0, or when it is not known: a prefix-cache hit).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxserve.cache.kv_pool import KVPool
+from jaxserve.config import ModelConfig
+from jaxserve.kernels.cpu.packed import PackedBf16, packed_argmax
+from jaxserve.models.attention import AttentionMetadata
+from jaxserve.parallel.layout import Layout
+from jaxserve.sampling import argmax_first
+from jaxserve.speculative.draft_vocab import DraftHead
+from jaxserve.speculative.eagle import draft_hidden, target_embed, target_head
+from jaxserve.speculative.rejection import draw, round_uniforms
+from jaxserve.speculative.round import (RoundInputs, RoundOutputs, _probs, accept_and_advance, multi_token_meta,
+                                        verify_with_hidden)
+
+
+def _head_argmax(head: DraftHead, hidden: jax.Array) -> jax.Array:
+    """The draft's greedy token i32[B]: the argmax over the head's N tokens of f̂ [B, E] (a kernel the runner packed
+    for AMX tiles runs ``packed_argmax``: no [B, N] logits)."""
+    if isinstance(head.kernel, PackedBf16):
+        return head.token_ids[packed_argmax(hidden.astype(jnp.bfloat16), head.kernel)]
+    logits = jnp.dot(hidden.astype(head.kernel.dtype), head.kernel, preferred_element_type=jnp.float32)
+    return head.token_ids[argmax_first(logits)]
+
+
+def _draw(fh, uniforms, inputs: RoundInputs, all_greedy, head, target_params, target_config):
+    """One draft token i32[B] from f̂ [B, E] and the distribution f32[B, V] it came from (zeros when greedy)."""
+    vocab = uniforms.shape[-1]
+
+    def greedy():
+        return _head_argmax(head, fh), jnp.zeros((fh.shape[0], vocab), jnp.float32)
+
+    def sampled():
+        q = _probs(target_head(target_params, target_config, fh), inputs.sampling)
+        return draw(q, uniforms, jnp.bool_(False)), q
+    return jax.lax.cond(all_greedy, greedy, sampled)
+
+
+def eagle_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
+                inputs: RoundInputs, features: jax.Array, *, target_config: ModelConfig, draft_config: ModelConfig,
+                head: DraftHead, gamma: int, attention_impl: str = "auto",
+                layout: Layout | None = None) -> RoundOutputs:
+    """Draft γ tokens with the EAGLE draft, verify, accept exactly, rewrite the draft's accepted K/V; the result's
+    ``hidden`` is the next round's features f32[B, E] (unchanged for inactive rows). See the module docstring."""
+    s = inputs.sampling
+    all_greedy = jnp.all(s.temperature <= 0)
+    u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size, all_greedy)
+    block_size = draft_pool.page_size
+    tok, feat = inputs.last_tokens, features
+    xs, qs = [], []
+    for j in range(gamma):  # unrolled, as in draft_propose: a loop-carried pool can get layout copies
+        pos = (inputs.positions + j)[:, None]
+        fh, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, tok),
+                                      feat, pos[:, 0], draft_pool, multi_token_meta(inputs, pos, block_size),
+                                      attention_impl)
+        tok, q = _draw(fh, u[:, j, :-1], inputs, all_greedy, head, target_params, target_config)
+        feat = fh
+        xs.append(tok)
+        qs.append(q)
+    x, q = jnp.stack(xs, axis=1), jnp.stack(qs, axis=1)
+
+    b = x.shape[0]
+    logits, hid, target_pool = verify_with_hidden(target_params, target_config, target_pool, inputs, x,
+                                                  attention_impl, layout)
+    r = accept_and_advance(inputs, x, q, logits, u, target_pool, draft_pool)
+
+    # the accepted drafts' K/V again, from the verify's true features f_L .. f_{L+γ-1}
+    pos = inputs.positions[:, None] + 1 + jnp.arange(gamma)[None, :]
+    _, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, x).reshape(
+        b * gamma, -1), hid[:, :gamma].reshape(b * gamma, -1), pos.reshape(-1), draft_pool,
+        multi_token_meta(inputs, pos, block_size), attention_impl)
+    nxt = hid[jnp.arange(b), r.num_accepted]
+    return r.replace(draft_pool=draft_pool, hidden=jnp.where(inputs.active[:, None], nxt, features))
+
+
+def fill_features(hidden: jax.Array, entry_features: jax.Array, cu_q_lens: jax.Array) -> jax.Array:
+    """Each packed token's draft feature f32[T, E]: the target's hidden [T, E] at the token before it in its entry,
+    or for an entry's first token its carried feature entry_features [R, E] (entries delimited by cu_q_lens
+    i32[R+1]; tokens past the last entry read zeros)."""
+    t = hidden.shape[0]
+    idx = jnp.arange(t)
+    entry = jnp.searchsorted(cu_q_lens, idx, side="right") - 1  # the entry each token belongs to
+    first = idx == cu_q_lens[jnp.clip(entry, 0, cu_q_lens.shape[0] - 1)]
+    carried = entry_features[jnp.clip(entry, 0, entry_features.shape[0] - 1)]
+    prev = jnp.concatenate([jnp.zeros_like(hidden[:1]), hidden[:-1]]).astype(jnp.float32)
+    out = jnp.where(first[:, None], carried.astype(jnp.float32), prev)
+    return jnp.where((entry < entry_features.shape[0])[:, None], out, 0.0)
+
+
+def draft_fill(draft_params: dict, draft_config: ModelConfig, target_params: dict, target_config: ModelConfig,
+               tokens: jax.Array, positions: jax.Array, hidden: jax.Array, entry_features: jax.Array,
+               draft_pool: KVPool, meta: AttentionMetadata, attention_impl: str) -> KVPool:
+    """The draft over a fill's packed tokens i32[T] (``fill_features``): its pool with their K/V written."""
+    feats = fill_features(hidden, entry_features, meta.cu_q_lens)
+    _, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, tokens),
+                                 feats, positions, draft_pool, meta, attention_impl)
+    return draft_pool
