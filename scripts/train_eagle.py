@@ -38,6 +38,8 @@ class EagleTrainConfig:
     lr: float = 1e-3
     warmup: int = 30
     noise: float = 0.05
+    cls_weight: float = 0.1  # the cross-entropy's weight beside the feature regression's 1 (EAGLE-1: 0.1)
+    init_from: str = ""  # a saved draft to continue from (its head tokens are kept)
     eval_rows: int = 32
     eval_every: int = 100
     seed: int = 0
@@ -66,7 +68,7 @@ def main(argv: list[str]) -> None:
     import jax.numpy as jnp
 
     from jaxserve.models.loading import resolve_model
-    from jaxserve.speculative.eagle import eagle_config, eagle_head, init_eagle_params, save_eagle
+    from jaxserve.speculative.eagle import eagle_config, eagle_head, init_eagle_params, load_eagle, save_eagle
     from jaxserve.train.eagle import eval_metrics, make_optimizer, target_features, train_step, width
 
     cfg = apply_overrides(EagleTrainConfig(), argv)
@@ -91,12 +93,18 @@ def main(argv: list[str]) -> None:
     eval_idx = np.arange(len(tokens) - n_eval, len(tokens))
     counts = np.bincount(labels[train_idx][mask[train_idx] > 0], minlength=tconfig.vocab_size)
     head_ids = np.sort(np.argsort(-counts, kind="stable")[:cfg.head_tokens])
+    if cfg.init_from:
+        head_ids = load_eagle(cfg.init_from)[2]
     print(f"head: {cfg.head_tokens} tokens cover {counts[head_ids].sum() / counts.sum():.4f} of the labels", flush=True)
     head = eagle_head(tparams, tconfig, head_ids)
     label_index = np.full(tconfig.vocab_size, -1, np.int32)
     label_index[head_ids] = np.arange(len(head_ids))
     dconfig = eagle_config(tconfig, cfg.intermediate_size or None).replace(dtype="float32")
-    params = init_eagle_params(dconfig, jax.tree.map(lambda a: a.astype(jnp.float32), tparams), jax.random.key(cfg.seed))
+    if cfg.init_from:  # continue a saved draft (float32 from its bf16 weights)
+        _, params, _ = load_eagle(cfg.init_from, "float32")
+    else:
+        params = init_eagle_params(dconfig, jax.tree.map(lambda a: a.astype(jnp.float32), tparams),
+                                   jax.random.key(cfg.seed))
     optimizer = make_optimizer(cfg.lr, cfg.steps, cfg.warmup)
     opt_state = optimizer.init(params)
     rng = np.random.default_rng(cfg.seed)
@@ -117,7 +125,7 @@ def main(argv: list[str]) -> None:
         key, sub = jax.random.split(key)
         params, opt_state, m = train_step(params, opt_state, tparams, tokens[b, :n], feats[b, :n], labels[b, :n],
                                           *common, mask[b, :n], sub, draft_config=dconfig, optimizer=optimizer,
-                                          noise=cfg.noise)
+                                          noise=cfg.noise, cls_weight=cfg.cls_weight)
         if step % 20 == 0:
             print(step, {k: round(float(v), 4) for k, v in m.items()}, f"{time.perf_counter() - t0:.0f} s", flush=True)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps or time.perf_counter() - t0 > cfg.budget_s:

@@ -6,6 +6,7 @@ from jaxserve.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "DraftHead": "jaxserve.speculative.draft_vocab",
     "EagleDraft": "jaxserve.speculative.eagle",
+    "eagle_generate": "jaxserve.speculative.generate",
     "eagle_round": "jaxserve.speculative.eagle_round",
     "load_eagle": "jaxserve.speculative.eagle",
     "save_eagle": "jaxserve.speculative.eagle",
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from jaxserve.speculative.draft_vocab import DraftHead, restrict_head
     from jaxserve.speculative.eagle import EagleDraft, load_eagle, save_eagle
     from jaxserve.speculative.eagle_round import eagle_round
-    from jaxserve.speculative.generate import (medusa_generate, ngram_generate, speculative_generate, suffix_generate,
+    from jaxserve.speculative.generate import (eagle_generate, medusa_generate, ngram_generate, speculative_generate, suffix_generate,
                                                target_only_generate)
     from jaxserve.speculative.medusa import MedusaConfig, load_heads, medusa_round
     from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize

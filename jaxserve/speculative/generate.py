@@ -34,9 +34,10 @@ from jaxserve.models.attention import AttentionMetadata
 from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.models.transformer import forward
 from jaxserve.sampling import SamplingBatch
-from jaxserve.speculative.config import check_medusa_matches
+from jaxserve.speculative.config import check_eagle_matches, check_medusa_matches
 from jaxserve.speculative.draft_vocab import DraftHead, check_draft_head
 from jaxserve.speculative.hidden import forward_with_hidden
+from jaxserve.speculative.eagle_round import draft_fill, eagle_round
 from jaxserve.speculative.medusa import medusa_round
 from jaxserve.speculative.metrics import SpecMetrics
 from jaxserve.speculative.rejection import PAD_TOKEN, sample_tokens
@@ -52,8 +53,8 @@ _SUFFIX_CALLS = itertools.count()  # suffix_generate's request keys in a shared 
 @struct.dataclass
 class LoopState:
     target_pool: KVPool
-    draft_pool: KVPool | None  # the draft model's pool (None: target-only, n-gram, Medusa)
-    hidden: jax.Array | None  # Medusa: the target's hidden f32[B, E] the heads read next (None otherwise)
+    draft_pool: KVPool | None  # the draft model's or EAGLE draft's pool (None: target-only, n-gram, Medusa)
+    hidden: jax.Array | None  # Medusa, EAGLE: the target's hidden f32[B, E] the proposer reads next (else None)
     inputs: RoundInputs
     out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
     history: jax.Array  # i32[B, Lp+N+G+1]: the token at position t in slot t (valid up to positions)
@@ -62,37 +63,44 @@ class LoopState:
     metrics: SpecMetrics
 
 
-def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden=False):
-    """Writes each prompt's K/V and returns the logits f32[B, V] at its last token (and its hidden f32[B, E]).
+def _prefill_meta(prompts, prompt_lens, tables, block_size):
+    """Positions i32[B, Lp], the attention metadata and each prompt's last token's packed index i32[B] of a prefill.
 
     Rows are laid out Lp apart with context Lp; causality keeps real tokens from seeing the
     padding, whose K/V writes are dropped.
     """
     b, lp = prompts.shape
-    block_size = pool.page_size
     pos = jnp.broadcast_to(jnp.arange(lp, dtype=jnp.int32), (b, lp))
     slots = slots_for(tables, pos, block_size, jnp.ones(b, bool)).reshape(b, lp)
     slots = jnp.where(pos < prompt_lens[:, None], slots, -1)
     meta = AttentionMetadata(slot_mapping=slots.reshape(-1), block_tables=tables,
                              context_lens=jnp.full(b, lp, jnp.int32), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * lp,
                              uniform_q_len=lp, fresh=True)
-    last = jnp.arange(b) * lp + prompt_lens - 1
+    return pos, meta, jnp.arange(b) * lp + prompt_lens - 1
+
+
+def _prefill(params, config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden=False,
+             all_hidden=False):
+    """Writes each prompt's K/V and returns the logits f32[B, V] at its last token (and its hidden [B, E], or with
+    ``all_hidden`` every token's [B*Lp, E])."""
+    pos, meta, last = _prefill_meta(prompts, prompt_lens, tables, pool.page_size)
     if with_hidden:
         return forward_with_hidden(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
-                                   attention_impl=attention_impl, logits_indices=last)
+                                   attention_impl=attention_impl, logits_indices=last, all_hidden=all_hidden)
     logits, pool = forward(params, config, prompts.reshape(-1), pos.reshape(-1), pool, meta,
                            attention_impl=attention_impl, logits_indices=last)
     return logits, pool
 
 
 def _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real, *,
-           gamma, block_size, pages_per_seq, capacity, attention_impl, with_hidden=False):
+           gamma, block_size, pages_per_seq, capacity, attention_impl, with_hidden=False, all_hidden=False):
     """Prefills the target, samples the first token, and builds the loop state (draft pool empty,
-    or with_hidden: the target's hidden at each prompt's last token)."""
+    or with_hidden: the target's hidden at each prompt's last token; with all_hidden at every prompt slot)."""
     b = prompts.shape[0]
     tables = jnp.arange(b * pages_per_seq, dtype=jnp.int32).reshape(b, pages_per_seq)
     pool = new_kv_pool(target_config, b * pages_per_seq, block_size, attention_impl)
-    pre = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden)
+    pre = _prefill(target_params, target_config, pool, prompts, prompt_lens, tables, attention_impl, with_hidden,
+                   all_hidden)
     logits, pool = pre[0], pre[-1]
     first = sample_tokens(logits, sampling.replace(position=prompt_lens))
     out = jnp.full((b, capacity + gamma + 1), PAD_TOKEN, jnp.int32).at[:, 0].set(first)
@@ -223,6 +231,30 @@ def _medusa_program(target_params, draft_params, prompts, prompt_lens, max_token
                          attention_impl=attention_impl)
         return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, hidden=r.hidden)
 
+    state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
+    return _finish(state, capacity)
+
+
+@partial(jax.jit, static_argnames=_STATIC)
+def _eagle_program(target_params, draft_params, prompts, prompt_lens, max_tokens, sampling, eos, real, draft_head, *,
+                   target_config, draft_config, gamma, block_size, pages_per_seq, capacity, attention_impl):
+    TRACES["eagle"] += 1
+    state = _start(target_params, target_config, prompts, prompt_lens, max_tokens, sampling, eos, real,
+                   gamma=gamma, block_size=block_size, pages_per_seq=pages_per_seq, capacity=capacity,
+                   attention_impl=attention_impl, with_hidden=True, all_hidden=True)
+    pos, meta, last = _prefill_meta(prompts, prompt_lens, state.inputs.block_tables, block_size)
+    draft_pool = new_kv_pool(draft_config, state.target_pool.num_pages, block_size, attention_impl)
+    draft_pool = draft_fill(draft_params, draft_config, target_params, target_config, prompts.reshape(-1),
+                            pos.reshape(-1), state.hidden, jnp.zeros((prompts.shape[0], target_config.hidden_size)),
+                            draft_pool, meta, attention_impl)
+
+    def body(st: LoopState) -> LoopState:
+        r = eagle_round(target_params, draft_params, st.target_pool, st.draft_pool, st.inputs, st.hidden,
+                        target_config=target_config, draft_config=draft_config, head=draft_head, gamma=gamma,
+                        attention_impl=attention_impl)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool, r.hidden)
+
+    state = state.replace(draft_pool=draft_pool, hidden=state.hidden[last].astype(jnp.float32))
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
 
@@ -410,6 +442,18 @@ def medusa_generate(target_params: dict, target_config: ModelConfig, heads_param
                 gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
                 eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl,
                 heads_config=heads_config)
+
+
+def eagle_generate(target_params: dict, target_config: ModelConfig, draft_params: dict, draft_config: ModelConfig,
+                   head: DraftHead, prompts, prompt_lens, *, gamma: int = 4, max_tokens=32, temperature=0.0, top_k=0,
+                   top_p=1.0, seeds=0, eos_token_id: int | None = None, block_size: int = 16,
+                   attention_impl: str = "auto"):
+    """``speculative_generate`` with an EAGLE draft proposing (``jaxserve.speculative.eagle``; ``head``: the
+    target's head cut to the draft's tokens, ``eagle_head``); same outputs."""
+    check_eagle_matches(target_config, draft_config, np.asarray(head.token_ids))
+    return _run(_eagle_program, target_params, target_config, draft_params, draft_config, prompts, prompt_lens,
+                gamma=gamma, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                eos_token_id=eos_token_id, block_size=block_size, attention_impl=attention_impl, draft_head=head)
 
 
 def suffix_generate(target_params: dict, target_config: ModelConfig, prompts, prompt_lens, *, gamma: int = 4,

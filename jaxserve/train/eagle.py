@@ -5,7 +5,7 @@ Axis names: W windows, B batch, S window length, E hidden size, N the draft head
 The target runs once over every window (``target_features``): its final-normed hidden states f[W, S, E] and
 its greedy labels y[W, S] (y_p = argmax of the head on f_p: the token the target would put at p+1). A draft
 step at p reads (x_p, f_{p-1}) and is trained as in EAGLE-1: a smooth-L1 regression of f̂_p on f_p plus 0.1 x
-the cross-entropy of the head cut to N tokens against y_p (positions whose y lies outside the N tokens only
+the cross-entropy of the head cut to N tokens against y_p (``cls_weight``) (positions whose y lies outside the N tokens only
 regress). Drafting feeds f̂ back, which the teacher-forced pass never sees; a second pass over the window
 with f̂ in place of f (EAGLE-3's "training-time test", one step deep) adds its cross-entropy.
 """
@@ -22,7 +22,7 @@ from jaxserve.config import ModelConfig
 from jaxserve.models.transformer import forward_hidden
 from jaxserve.speculative.eagle import draft_hidden, target_embed, target_head
 
-REG_WEIGHT, CLS_WEIGHT = 1.0, 0.1
+CLS_WEIGHT = 0.1  # EAGLE-1's: the cross-entropy's weight beside the regression's 1
 
 
 @partial(jax.jit, static_argnames="target_config")
@@ -69,7 +69,7 @@ def _smooth_l1(x):
 
 
 def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_kernel, label_index, mask,
-               noise_key=None, noise: float = 0.0):
+               noise_key=None, noise: float = 0.0, cls_weight: float = CLS_WEIGHT):
     """embeds/feats f32[B, S, E], labels i32[B, S] (the target's greedy y_p), head_kernel [E, N], label_index
     i32[V] (a token's column in the head, -1 outside it), mask f32[B, S] (positions that count).
     Returns (loss, metrics)."""
@@ -93,8 +93,7 @@ def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_ke
     _, ce2, hit2 = step(shifted(fh))  # one step of drafting from its own features
     denom = jnp.maximum(mask.sum(), 1.0)
     denom_h = jnp.maximum(in_head.sum(), 1.0)
-    loss = (REG_WEIGHT * (reg * mask).sum() / denom
-            + CLS_WEIGHT * ((ce1 + ce2) * in_head).sum() / denom_h)
+    loss = (reg * mask).sum() / denom + cls_weight * ((ce1 + ce2) * in_head).sum() / denom_h
     metrics = {"reg": (reg * mask).sum() / denom, "ce": (ce1 * in_head).sum() / denom_h,
                "acc1": (hit1 * mask).sum() / denom, "acc2": (hit2 * mask).sum() / denom}
     return loss, metrics
@@ -105,13 +104,14 @@ def make_optimizer(lr: float, steps: int, warmup: int):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
 
 
-@partial(jax.jit, static_argnames=("draft_config", "optimizer", "noise"), donate_argnames=("params", "opt_state"))
+@partial(jax.jit, static_argnames=("draft_config", "optimizer", "noise", "cls_weight"),
+         donate_argnames=("params", "opt_state"))
 def train_step(params, opt_state, target_params, tokens, feats, labels, head_kernel, label_index, mask, key, *,
-               draft_config: ModelConfig, optimizer, noise: float):
+               draft_config: ModelConfig, optimizer, noise: float, cls_weight: float = CLS_WEIGHT):
     embeds = target_embed(target_params, draft_config, tokens).astype(jnp.float32)
     feats = feats.astype(jnp.float32)
     (loss, metrics), grads = jax.value_and_grad(eagle_loss, has_aux=True)(
-        params, draft_config, embeds, feats, labels, head_kernel, label_index, mask, key, noise)
+        params, draft_config, embeds, feats, labels, head_kernel, label_index, mask, key, noise, cls_weight)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 

@@ -105,9 +105,17 @@ def _assembled_path(name: str) -> pathlib.Path:
     return target
 
 
+def eagle_drafts() -> list[str]:
+    """The EAGLE drafts bundled in this folder (``jaxserve.speculative.eagle``: not models of their own, they draft
+    from a target's hidden states: ``SpeculativeConfig(method="eagle", draft_model="jaxserve/<name>")``)."""
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "eagle_config.json").is_file())
+
+
 def zoo_path(name: str) -> pathlib.Path:
-    """Directory of zoo model ``name``; ValueError listing the available names for an unknown one."""
+    """Directory of zoo model (or EAGLE draft) ``name``; ValueError listing the available names for an unknown one."""
     bare = name.removeprefix(PREFIX)
+    if bare in eagle_drafts():
+        return ZOO_DIR / bare
     if bare not in available_models():
         raise ValueError(f"unknown zoo model {name!r}; available: {available_models()}")
     return packaged_path(bare) if is_packaged(bare) else ZOO_DIR / bare

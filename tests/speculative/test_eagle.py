@@ -12,6 +12,7 @@ from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.sampling import SamplingBatch
 from jaxserve.speculative.eagle import eagle_config, eagle_head, init_eagle_params, load_eagle, save_eagle
 from jaxserve.speculative.eagle_round import draft_fill, eagle_round, fill_features
+from jaxserve.speculative.generate import eagle_generate
 from jaxserve.speculative.hidden import forward_with_hidden, full_hidden
 from jaxserve.speculative.round import RoundInputs, multi_token_meta
 from jaxserve.train.eagle import eval_metrics, make_optimizer, target_features, train_step
@@ -193,6 +194,19 @@ def test_engine_with_an_eagle_draft_samples_from_the_target(target, draft):
         pits.append(np.cumsum(pa, 1)[rows, tok] - pa[rows, tok] + rng.random(len(at)) * pa[rows, tok])
     stat, df = chi2_statistic(np.histogram(np.concatenate(pits), bins=20, range=(0, 1))[0], np.full(20, 1 / 20))
     assert stat < chi2_threshold(df), (stat, df)
+
+
+def test_eagle_generate_in_one_while_loop_gives_the_targets_greedy_tokens(target, draft):
+    rng = np.random.default_rng(2)
+    lens = np.asarray([11, 3, 7])
+    prompts = rng.integers(0, 16, (3, 11)).astype(np.int32)
+    head = eagle_head(target, CONFIG, np.arange(2, 14))
+    tokens, num, metrics = eagle_generate(target, CONFIG, draft[1], draft[0], head, prompts, lens, gamma=GAMMA,
+                                          max_tokens=16)
+    expected = _greedy_oracle(target, [p[:n].tolist() for p, n in zip(prompts, lens)])
+    assert np.asarray(tokens).tolist() == expected and np.asarray(num).tolist() == [16] * 3
+    accepted = int(np.asarray(metrics.accepted).sum())
+    assert 0 < accepted < int(np.asarray(metrics.drafted).sum()), metrics
 
 
 def test_eagle_settings_are_checked_before_anything_is_built(target, draft):
