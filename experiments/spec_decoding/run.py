@@ -150,8 +150,9 @@ def run(cfg, out):
     ending = " (EOS ignored)" if cfg.ignore_eos else ", fewer where a row ends at EOS"
     factor = "" if cfg.suffix_spec_factor == 1 else \
         f"; suffix drafts reach at most {cfg.suffix_spec_factor:g}x the matched context's length"
+    eagle = f"; EAGLE draft {cfg.eagle} (its head cut to {len(props['eagle'][2])} tokens)" if "eagle" in props else ""
     out.text(f"Target {cfg.target} ({tcfg.dtype}){widened}; draft {cfg.draft}{restricted}; Medusa heads "
-             f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}). "
+             f"{cfg.medusa_heads or 'untrained (initialised from the LM head)'} ({heads} heads: γ <= {heads}){eagle}. "
              f"Prompts of {cfg.prompt_len} tokens{prompt_set}, {cfg.max_tokens} generated per row (engine: "
              f"{cfg.engine_max_tokens}){ending}{factor}, fastest of {cfg.repeats} timed calls, each point's calls "
              "alternating with as many of its own baseline (so drift in the machine's speed hits both alike). A point covers "
