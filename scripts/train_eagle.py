@@ -108,7 +108,8 @@ def main(argv: list[str]) -> None:
     optimizer = make_optimizer(cfg.lr, cfg.steps, cfg.warmup)
     opt_state = optimizer.init(params)
     rng = np.random.default_rng(cfg.seed)
-    order = np.concatenate([rng.permutation(train_idx) for _ in range(cfg.steps * cfg.batch_size // len(train_idx) + 1)])
+    epochs = cfg.steps * cfg.batch_size // len(train_idx) + 1
+    order = np.concatenate([rng.permutation(train_idx) for _ in range(epochs)])
     common = (head.kernel, jnp.asarray(label_index))
     log, key = [], jax.random.key(cfg.seed + 1)
 

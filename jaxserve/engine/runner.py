@@ -91,6 +91,7 @@ class ModelRunner:
             config, params = layout.prepare(config, params)
         # numpy params would be copied in every step
         self.config, self.params = config, to_device(params) if layout is None else layout.place_params(params)
+        unpacked = self.params  # (an EAGLE draft's head is cut from the target's head as stored)
         pack = layout is None and weight_layout == "auto"  # (EngineConfig.weight_layout)
         if lm_head_quantization == "int8":  # (EngineConfig.lm_head_quantization: one device)
             self.params = with_int8_head(self.params, config.tie_word_embeddings)
@@ -128,7 +129,7 @@ class ModelRunner:
             if pack and proposer.method in DRAFT_POOL_METHODS and packs_for_amx(proposer.config):
                 self.proposer = dataclasses.replace(self.proposer, params=pack_dense_kernels(self.proposer.params))
             if proposer.method == "eagle":  # its head: the target's own, cut to the draft's token ids
-                head = eagle_head(self.params, config, proposer.head)
+                head = eagle_head(unpacked, config, proposer.head)
                 if pack and packs_for_amx(proposer.config) and head.kernel.dtype == jnp.bfloat16:
                     head = head.replace(kernel=pack_bf16(head.kernel))  # greedy drafts: packed_argmax
                 self.proposer = dataclasses.replace(self.proposer, head=head)

@@ -7,7 +7,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "DraftHead": "jaxserve.speculative.draft_vocab",
     "EagleDraft": "jaxserve.speculative.eagle",
     "eagle_generate": "jaxserve.speculative.generate",
-    "eagle_round": "jaxserve.speculative.eagle_round",
     "load_eagle": "jaxserve.speculative.eagle",
     "save_eagle": "jaxserve.speculative.eagle",
     "MedusaConfig": "jaxserve.speculative.medusa",
@@ -39,9 +38,8 @@ if TYPE_CHECKING:
     from jaxserve.speculative.config import SpeculativeConfig
     from jaxserve.speculative.draft_vocab import DraftHead, restrict_head
     from jaxserve.speculative.eagle import EagleDraft, load_eagle, save_eagle
-    from jaxserve.speculative.eagle_round import eagle_round
-    from jaxserve.speculative.generate import (eagle_generate, medusa_generate, ngram_generate, speculative_generate, suffix_generate,
-                                               target_only_generate)
+    from jaxserve.speculative.generate import (eagle_generate, medusa_generate, ngram_generate, speculative_generate,
+                                               suffix_generate, target_only_generate)
     from jaxserve.speculative.medusa import MedusaConfig, load_heads, medusa_round
     from jaxserve.speculative.metrics import SpecMetrics, expected_acceptance_length, summarize
     from jaxserve.speculative.ngram import ngram_propose, ngram_round

@@ -30,8 +30,9 @@ from flax import traverse_util
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.layers import packed_logits, rope_tables
-from jaxserve.models.transformer import DecoderLayer, _dense, _norm, layer_inv_freq
+from jaxserve.kernels.cpu.packed import PackedBf16
+from jaxserve.layers import RMSNorm, dense, packed_logits, rope_tables
+from jaxserve.models.transformer import DecoderLayer, layer_inv_freq
 from jaxserve.speculative.draft_vocab import DraftHead
 
 CONFIG_FILE, PARAMS_FILE, TOKENS_FILE = "eagle_config.json", "eagle_params.npz", "eagle_head_tokens.npy"
@@ -53,11 +54,12 @@ class EagleDraft(nn.Module):
         i32[...] -> (f̂_p f32[..., E], the draft's pool with K/V at ``positions`` written; None without a pool)."""
         c = self.config
         dt = jnp.dtype(c.dtype)
-        x = _dense(c, c.hidden_size, False, "fc")(jnp.concatenate([embeds.astype(dt), features.astype(dt)], -1))
+        fc = dense(c.hidden_size, dt, "fc", matmul_dtype=c.matmul_dtype, kernel_init=nn.initializers.normal(0.02))
+        x = fc(jnp.concatenate([embeds.astype(dt), features.astype(dt)], -1))
         cos_sin = rope_tables(positions, layer_inv_freq(c, 0))
         x, kv = DecoderLayer(c, self.attention_impl, 0, name="layers_0")(
             x, positions, cos_sin, None if kv_pool is None else kv_pool.layers[0], meta)
-        out = _norm(c, "norm")(x).astype(jnp.float32)
+        out = RMSNorm(c.rms_norm_eps, dt, c.norm_unit_offset, name="norm")(x).astype(jnp.float32)
         return out, (None if kv_pool is None else kv_pool.replace(layers=(kv,)))
 
 
@@ -97,6 +99,8 @@ def target_head(target_params: dict, target_config: ModelConfig, hidden: jax.Arr
     if "tied_head" in target_params:
         return packed_logits(target_params["tied_head"]["kernel"], hidden, jnp.float32)
     kernel = target_params["embed"]["embedding"].T if c.tie_word_embeddings else target_params["lm_head"]["kernel"]
+    if isinstance(kernel, PackedBf16):  # an untied head a runner packed for AMX tiles
+        return packed_logits(kernel, hidden, jnp.float32)
     if not isinstance(kernel, jax.Array):
         raise ValueError(f"an EAGLE draft needs the target's LM head as an array, got {type(kernel).__name__}")
     return jnp.dot(hidden.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
@@ -107,10 +111,12 @@ def eagle_head(target_params: dict, target_config: ModelConfig, token_ids) -> Dr
     ids = np.unique(np.asarray(token_ids, np.int64))
     if ids.size == 0 or ids[0] < 0 or ids[-1] >= target_config.vocab_size:
         raise ValueError(f"EAGLE head token ids must lie in [0, {target_config.vocab_size}), got {ids.size} ids")
-    rows = target_embed(target_params, target_config, jnp.asarray(ids, jnp.int32)) if target_config.tie_word_embeddings \
-        else jnp.asarray(target_params["lm_head"]["kernel"])[:, ids].T
     if target_config.tie_word_embeddings and target_config.scale_embeddings:
         raise ValueError("EAGLE drafts do not support targets that scale their tied embedding")
+    if target_config.tie_word_embeddings:
+        rows = target_embed(target_params, target_config, jnp.asarray(ids, jnp.int32))
+    else:
+        rows = jnp.asarray(target_params["lm_head"]["kernel"])[:, ids].T
     return DraftHead(token_ids=jnp.asarray(ids, jnp.int32), kernel=jnp.asarray(rows).T)
 
 

@@ -29,8 +29,8 @@ from jaxserve.sampling import argmax_first
 from jaxserve.speculative.draft_vocab import DraftHead
 from jaxserve.speculative.eagle import draft_hidden, target_embed, target_head
 from jaxserve.speculative.rejection import draw, round_uniforms
-from jaxserve.speculative.round import (RoundInputs, RoundOutputs, _probs, accept_and_advance, multi_token_meta,
-                                        verify_with_hidden)
+from jaxserve.speculative.round import (RoundInputs, RoundOutputs, accept_and_advance, multi_token_meta,
+                                        row_probs, verify_with_hidden)
 
 
 def _head_argmax(head: DraftHead, hidden: jax.Array) -> jax.Array:
@@ -50,7 +50,7 @@ def _draw(fh, uniforms, inputs: RoundInputs, all_greedy, head, target_params, ta
         return _head_argmax(head, fh), jnp.zeros((fh.shape[0], vocab), jnp.float32)
 
     def sampled():
-        q = _probs(target_head(target_params, target_config, fh), inputs.sampling)
+        q = row_probs(target_head(target_params, target_config, fh), inputs.sampling)
         return draw(q, uniforms, jnp.bool_(False)), q
     return jax.lax.cond(all_greedy, greedy, sampled)
 

@@ -78,7 +78,7 @@ def multi_token_meta(inputs: RoundInputs, positions: jax.Array, block_size: int)
                              uniform_q_len=None if n == 1 else n)
 
 
-def _probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
+def row_probs(logits: jax.Array, s: SamplingBatch) -> jax.Array:
     """logits f32[B, ..., V] -> sampling distributions, each row's settings broadcast over the middle axes."""
     shape = logits.shape
     reps = shape[1:-1]
@@ -104,7 +104,7 @@ def _draft_draw(out: jax.Array, uniforms: jax.Array, s: SamplingBatch, all_greed
         return x, jnp.zeros((out.shape[0], vocab), jnp.float32)
 
     def sampled():
-        q = _probs(out if head is None else full_logits(params, config, out), s)
+        q = row_probs(out if head is None else full_logits(params, config, out), s)
         return draw(q, uniforms, jnp.bool_(False)), q
     return jax.lax.cond(all_greedy, greedy, sampled)
 
@@ -216,7 +216,7 @@ def accept_and_advance(inputs: RoundInputs, x: jax.Array, q: jax.Array | None, t
         dq = jax.nn.one_hot(x, target_logits.shape[-1], dtype=jnp.float32) if q is None else q
         if valid is not None:
             dq = jnp.where(valid[..., None], dq, 0.0)
-        return rejection_sample(x, dq, _probs(target_logits, s), u, greedy, valid)
+        return rejection_sample(x, dq, row_probs(target_logits, s), u, greedy, valid)
 
     def greedy_only():  # PAD_TOKEN is never the argmax: a padded draft is rejected
         return greedy_accept(x if valid is None else jnp.where(valid, x, PAD_TOKEN), target_logits)

@@ -5,8 +5,8 @@ Axis names: W windows, B batch, S window length, E hidden size, N the draft head
 The target runs once over every window (``target_features``): its final-normed hidden states f[W, S, E] and
 its greedy labels y[W, S] (y_p = argmax of the head on f_p: the token the target would put at p+1). A draft
 step at p reads (x_p, f_{p-1}) and is trained as in EAGLE-1: a smooth-L1 regression of f̂_p on f_p plus 0.1 x
-the cross-entropy of the head cut to N tokens against y_p (``cls_weight``) (positions whose y lies outside the N tokens only
-regress). Drafting feeds f̂ back, which the teacher-forced pass never sees; a second pass over the window
+the cross-entropy of the head cut to N tokens against y_p (``cls_weight``; positions whose y lies outside the N
+tokens only regress). Drafting feeds f̂ back, which the teacher-forced pass never sees; a second pass over the window
 with f̂ in place of f (EAGLE-3's "training-time test", one step deep) adds its cross-entropy.
 """
 from __future__ import annotations
