@@ -264,7 +264,8 @@ class ModelRunner:
         if self.proposer.method == "eagle":  # each entry's first token reads the feature its last step left
             features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
             for k, e in enumerate(entries):
-                features[k] = self._carried_hidden(e.seq)
+                if e.start_pos > 0:  # position 0 reads zeros, also when a preempted sequence starts again
+                    features[k] = self._carried_hidden(e.seq)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
             step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs), features,

@@ -63,11 +63,6 @@ def shifted(f: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(f[:, :1]), f[:, :-1]], axis=1)
 
 
-def _smooth_l1(x):
-    a = jnp.abs(x)
-    return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
-
-
 def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_kernel, label_index, mask,
                noise_key=None, noise: float = 0.0, cls_weight: float = CLS_WEIGHT):
     """embeds/feats f32[B, S, E], labels i32[B, S] (the target's greedy y_p), head_kernel [E, N], label_index
@@ -89,7 +84,7 @@ def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_ke
         return fh, ce, hit
 
     fh, ce1, hit1 = step(inp)
-    reg = _smooth_l1(fh - feats).mean(-1)
+    reg = optax.huber_loss(fh, feats, delta=1.0).mean(-1)  # smooth L1
     _, ce2, hit2 = step(shifted(fh))  # one step of drafting from its own features
     denom = jnp.maximum(mask.sum(), 1.0)
     denom_h = jnp.maximum(in_head.sum(), 1.0)
