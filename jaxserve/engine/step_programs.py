@@ -92,6 +92,24 @@ def _sample_rows(logits, sample_entry, sbatch, want_top, want_logprobs):
     return toks, logprobs, top_logprobs, top_ids
 
 
+def _fill_samples(out, head, config, sample_entry, sbatch, want_logprobs):
+    """A fill step's draws per sample row: tokens i32[R] drawn as rounds draw (``sample_tokens``) and their
+    log-probs f32[R] (NaN unless ``want_logprobs``). ``out`` holds the logits f32[R', V], or with a packed greedy
+    ``head`` the hidden states: an all-greedy step without log-probs then takes its tokens from the head's GEMM,
+    as ``plain_step`` does (the same tokens as the argmax of the logits)."""
+    def from_logits(logits):
+        logits = logits[sample_entry]
+        toks = sample_tokens(logits, sbatch)
+        return toks, logprobs_if(want_logprobs, lambda: token_logprobs(logits, toks), toks.shape)
+    if head is None:
+        return from_logits(out)
+    hidden = out.astype(config.dtype)
+    fast = jnp.all(sbatch.temperature <= 0) & jnp.logical_not(want_logprobs)
+    return jax.lax.cond(
+        fast, lambda: (packed_argmax(hidden, head)[sample_entry], jnp.full(sample_entry.shape, jnp.nan, jnp.float32)),
+        lambda: from_logits(packed_logits(head, hidden, config.dtype).astype(jnp.float32)))
+
+
 SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant", "layout")
 
 
@@ -110,28 +128,29 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
     Float proposer weights are untouched by ``quant``.
     ``layout``: the target's mesh, as in ``plain_step``; the proposer runs replicated on it."""
     TRACES[0] += 1
+    head = greedy_head(target_params, target_config, layout) if quant is None else None
+    hidden_only = head is not None  # the head applied below, greedy steps by packed_argmax
     with matmul_context(quant):
         if method == "eagle":
-            logits, hidden_all, target_pool = forward_with_hidden(
+            out, hidden_all, target_pool = forward_with_hidden(
                 target_params, target_config, tokens, positions, target_pool, meta, attention_impl=attention_impl,
-                logits_indices=last, layout=layout, all_hidden=True)
+                logits_indices=last, layout=layout, all_hidden=True, hidden_only=hidden_only)
             draft_pool = draft_fill(proposer_params, proposer_config, target_params, target_config, tokens, positions,
                                     hidden_all, entry_features, draft_pool, meta, attention_impl)
             hidden = hidden_all[last].astype(jnp.float32)
         elif method == "medusa":
-            logits, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
-                                                              target_pool, meta, attention_impl=attention_impl,
-                                                              logits_indices=last, layout=layout)
+            out, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
+                                                           target_pool, meta, attention_impl=attention_impl,
+                                                           logits_indices=last, layout=layout, hidden_only=hidden_only)
         else:
-            logits, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
-                                          attention_impl=attention_impl, logits_indices=last, layout=layout)
+            out, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
+                                       attention_impl=attention_impl, logits_indices=last, layout=layout,
+                                       hidden_only=hidden_only)
             hidden = jnp.zeros((last.shape[0], 1), jnp.float32)
         if method == "draft_model" and draft_pass:
             _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
                                     attention_impl=attention_impl, logits_indices=last)
-        logits = logits[sample_entry]
-        toks = sample_tokens(logits, sbatch)
-        logprobs = logprobs_if(want_logprobs, lambda: token_logprobs(logits, toks), toks.shape)
+        toks, logprobs = _fill_samples(out, head, target_config, sample_entry, sbatch, want_logprobs)
         return _on_mesh(layout, (toks, logprobs, hidden), target_pool, draft_pool)
 
 
