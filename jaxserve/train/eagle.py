@@ -7,7 +7,8 @@ its greedy labels y[W, S] (y_p = argmax of the head on f_p: the token the target
 step at p reads (x_p, f_{p-1}) and is trained as in EAGLE-1: a smooth-L1 regression of f̂_p on f_p plus 0.1 x
 the cross-entropy of the head cut to N tokens against y_p (``cls_weight``; positions whose y lies outside the N
 tokens only regress). Drafting feeds f̂ back, which the teacher-forced pass never sees; a second pass over the window
-with f̂ in place of f (EAGLE-3's "training-time test", one step deep) adds its cross-entropy.
+with f̂ in place of f (EAGLE-3's "training-time test") adds its cross-entropy, and ``ttt_steps`` such passes
+each read the one before's features: a round of γ draft steps reads its own features up to γ - 1 deep.
 """
 from __future__ import annotations
 
@@ -64,10 +65,11 @@ def shifted(f: jax.Array) -> jax.Array:
 
 
 def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_kernel, label_index, mask,
-               noise_key=None, noise: float = 0.0, cls_weight: float = CLS_WEIGHT):
+               noise_key=None, noise: float = 0.0, cls_weight: float = CLS_WEIGHT, ttt_steps: int = 1):
     """embeds/feats f32[B, S, E], labels i32[B, S] (the target's greedy y_p), head_kernel [E, N], label_index
-    i32[V] (a token's column in the head, -1 outside it), mask f32[B, S] (positions that count).
-    Returns (loss, metrics)."""
+    i32[V] (a token's column in the head, -1 outside it), mask f32[B, S] (positions that count). ``ttt_steps``:
+    passes over the draft's own features (pass d reads pass d-1's, the teacher-forced pass's at d = 1).
+    Returns (loss, metrics): ``acc1`` teacher-forced, ``acc2`` one step deep, ``acc_deep`` ``ttt_steps`` deep."""
     b, s, _ = feats.shape
     pos = jnp.broadcast_to(jnp.arange(s), (b, s))
     inp = shifted(feats)
@@ -85,12 +87,16 @@ def eagle_loss(params, draft_config: ModelConfig, embeds, feats, labels, head_ke
 
     fh, ce1, hit1 = step(inp)
     reg = optax.huber_loss(fh, feats, delta=1.0).mean(-1)  # smooth L1
-    _, ce2, hit2 = step(shifted(fh))  # one step of drafting from its own features
+    ce, hits, f_own = ce1, [hit1], fh
+    for _ in range(ttt_steps):  # drafting from its own features, one step deeper each pass
+        f_own, ce_d, hit_d = step(shifted(f_own))
+        ce, hits = ce + ce_d, hits + [hit_d]
     denom = jnp.maximum(mask.sum(), 1.0)
     denom_h = jnp.maximum(in_head.sum(), 1.0)
-    loss = (reg * mask).sum() / denom + cls_weight * ((ce1 + ce2) * in_head).sum() / denom_h
+    loss = (reg * mask).sum() / denom + cls_weight * (ce * in_head).sum() / denom_h
     metrics = {"reg": (reg * mask).sum() / denom, "ce": (ce1 * in_head).sum() / denom_h,
-               "acc1": (hit1 * mask).sum() / denom, "acc2": (hit2 * mask).sum() / denom}
+               "acc1": (hits[0] * mask).sum() / denom, "acc2": (hits[min(1, ttt_steps)] * mask).sum() / denom,
+               "acc_deep": (hits[-1] * mask).sum() / denom}
     return loss, metrics
 
 
@@ -99,22 +105,22 @@ def make_optimizer(lr: float, steps: int, warmup: int):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
 
 
-@partial(jax.jit, static_argnames=("draft_config", "optimizer", "noise", "cls_weight"),
+@partial(jax.jit, static_argnames=("draft_config", "optimizer", "noise", "cls_weight", "ttt_steps"),
          donate_argnames=("params", "opt_state"))
 def train_step(params, opt_state, target_params, tokens, feats, labels, head_kernel, label_index, mask, key, *,
-               draft_config: ModelConfig, optimizer, noise: float, cls_weight: float = CLS_WEIGHT):
+               draft_config: ModelConfig, optimizer, noise: float, cls_weight: float = CLS_WEIGHT, ttt_steps: int = 1):
     embeds = target_embed(target_params, draft_config, tokens).astype(jnp.float32)
     feats = feats.astype(jnp.float32)
     (loss, metrics), grads = jax.value_and_grad(eagle_loss, has_aux=True)(
-        params, draft_config, embeds, feats, labels, head_kernel, label_index, mask, key, noise, cls_weight)
+        params, draft_config, embeds, feats, labels, head_kernel, label_index, mask, key, noise, cls_weight, ttt_steps)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 
 
-@partial(jax.jit, static_argnames=("draft_config",))
+@partial(jax.jit, static_argnames=("draft_config", "ttt_steps"))
 def eval_metrics(params, target_params, tokens, feats, labels, head_kernel, label_index, mask, *,
-                 draft_config: ModelConfig):
+                 draft_config: ModelConfig, ttt_steps: int = 1):
     embeds = target_embed(target_params, draft_config, tokens).astype(jnp.float32)
     _, metrics = eagle_loss(params, draft_config, embeds, feats.astype(jnp.float32), labels, head_kernel,
-                            label_index, mask)
+                            label_index, mask, ttt_steps=ttt_steps)
     return metrics
