@@ -136,8 +136,9 @@ class ModelRunner:
             if proposer.method in DRAFT_POOL_METHODS:
                 build_draft = lambda: new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)  # noqa: E731
                 self.draft_pool = build_draft() if layout is None else layout.new_pool(build_draft, sharded=False)
-        # Medusa and EAGLE: seq_id -> (its Sequence, the target's hidden f32[E] before its last token)
-        self._hidden: dict[int, tuple[object, np.ndarray]] = {}
+        # Medusa and EAGLE: seq_id -> (its Sequence, the target's hidden f32[E] before its last token, False); after
+        # an EAGLE round (Sequence, f32[2, E]: that hidden and the next round's features, drafted: eagle_round's)
+        self._hidden: dict[int, tuple[object, np.ndarray, bool]] = {}
         # suffix decoding: the host trees, and the live sequences whose outputs join the global tree at the end
         self._suffix = None if proposer is None or proposer.method != "suffix" else SuffixCache(
             speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
@@ -153,7 +154,9 @@ class ModelRunner:
         """Upper bound on distinct step programs (plus the copy program)."""
         return self.buckets.num_programs(self.speculative is not None) + \
             (len(self.buckets.decode_shapes()) if self.plain_decodes else 0) + \
-            (len(self.buckets.mixed_shapes()) if self._catches_up else 0)
+            (len(self.buckets.mixed_shapes()) if self._catches_up else 0) + \
+            (len(self.buckets.round_shapes()) if self.proposer and self.proposer.method == "eagle" else 0) + \
+            (self.draft_pool is not None)  # (the block copy of the draft's pool: another shape)
 
     @property
     def _catches_up(self) -> bool:
@@ -176,7 +179,7 @@ class ModelRunner:
         result = self._fill(fill, logprobs) if fill else RunnerOutput()
         if rounds:
             result.merge(self._round(rounds, logprobs))
-        self._hidden = {k: (seq, h) for k, (seq, h) in self._hidden.items() if not seq.is_finished}
+        self._hidden = {k: v for k, v in self._hidden.items() if not v[0].is_finished}
         self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
         return result
 
@@ -201,7 +204,9 @@ class ModelRunner:
             for b, m in self.buckets.round_shapes():
                 inputs, extra = self._round_inputs([], b, m)
                 for width in self.buckets.round_widths if self._suffix is not None else [None]:
-                    self._run_round(inputs, extra if width is None else (extra[0][:, :width], extra[1]), False)
+                    for first_step in (True, False) if self.proposer.method == "eagle" else (True,):
+                        self._run_round(inputs, extra if width is None else (extra[0][:, :width], extra[1]), False,
+                                        first_step)
         self._copy_blocks([(0, 0)])  # a self-copy: harmless
         return self.num_compilations - before
 
@@ -255,7 +260,7 @@ class ModelRunner:
             self._note_draft_fill(entries, draft_pass=not shape[3])
         if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
             for k, e in enumerate(entries):
-                self._hidden[e.seq_id] = (e.seq, hidden[k])
+                self._hidden[e.seq_id] = (e.seq, hidden[k], False)
         return result
 
     def _run_fill(self, step: PackedStep, rows, logprobs: bool, entries=()) -> tuple[np.ndarray, ...]:
@@ -323,7 +328,9 @@ class ModelRunner:
         if self.proposer.method == "draft_model":
             self._catch_up_draft(entries)
         inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
-        toks, num_accepted, lps, hidden = self._run_round(inputs, extra, logprobs)
+        # an EAGLE round whose rows all carry the draft's f̂ skips the draft's first step (a program of its own)
+        first_step = self.proposer.method != "eagle" or not extra[2][: len(entries)].all()
+        toks, num_accepted, lps, hidden = self._run_round(inputs, extra, logprobs, first_step)
         result = RunnerOutput(target_rows=len(entries))
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
@@ -335,16 +342,16 @@ class ModelRunner:
             result.accepted[e.seq_id] = n
             if self._suffix is not None:
                 result.drafted[e.seq_id] = int(extra[1][i])
-            if self.proposer.method in HIDDEN_METHODS:
-                self._hidden[e.seq_id] = (e.seq, hidden[i])
+            if self.proposer.method in HIDDEN_METHODS:  # (EAGLE: drafted unless all γ were accepted)
+                self._hidden[e.seq_id] = (e.seq, hidden[i], self.proposer.method == "eagle" and n < self.gamma)
         return result
 
-    def _run_round(self, inputs: RoundInputs, extra, logprobs: bool) -> tuple[np.ndarray, ...]:
+    def _run_round(self, inputs: RoundInputs, extra, logprobs: bool, first_step: bool = True) -> tuple[np.ndarray, ...]:
         s = self.speculative
         toks, num_accepted, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.round_step, self.params, self.proposer.params, self.pool, self.draft_pool, inputs, extra,
-            np.bool_(logprobs),
-            gamma=s.gamma, max_ngram=s.max_ngram, min_ngram=s.min_ngram, **self._speculative_static())
+            np.bool_(logprobs), gamma=s.gamma, max_ngram=s.max_ngram, min_ngram=s.min_ngram, first_step=first_step,
+            **self._speculative_static())
         return jax.device_get((toks, num_accepted, lps, hidden))
 
     def _round_inputs(self, entries: list[ScheduledSequence], b: int, m: int) -> tuple[RoundInputs, object]:
@@ -355,6 +362,7 @@ class ModelRunner:
         method = self.proposer.method
         history = np.zeros((b, m * self.block_size), np.int32) if method == "ngram" else None
         hidden = np.zeros((b, self.config.hidden_size), np.float32) if method in HIDDEN_METHODS else None
+        drafted = np.zeros(b, bool)
         for i, e in enumerate(entries):
             pos = e.start_pos
             tables[i, :len(e.block_table)] = e.block_table
@@ -364,7 +372,7 @@ class ModelRunner:
             if history is not None:
                 history[i, :pos + 1] = e.seq.token_slice(0, pos + 1)
             if hidden is not None:
-                hidden[i] = self._carried_hidden(e.seq)
+                hidden[i], drafted[i] = self._round_features(e.seq)
         cols = sampling_columns(rows, b)
         sampling = SamplingBatch(temperature=cols["temperature"], top_k=cols["top_k"], top_p=cols["top_p"],
                                  seed=cols["seed"], index=cols["index"], position=np.zeros(b, np.int32))
@@ -373,7 +381,7 @@ class ModelRunner:
         if method == "suffix":
             return inputs, self._suffix_drafts(entries, b)
         extra = {"draft_model": self.proposer.head, "ngram": history, "medusa": hidden,
-                 "eagle": (self.proposer.head, hidden)}[method]
+                 "eagle": (self.proposer.head, hidden, drafted)}[method]
         return inputs, extra
 
     def _suffix_drafts(self, entries: list[ScheduledSequence], b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -401,11 +409,21 @@ class ModelRunner:
                 del self._suffix_seqs[seq_id]
 
     def _carried_hidden(self, seq) -> np.ndarray:
-        """The sequence's hidden; a forked sample starts from its request's prompt hidden (same position)."""
+        """The sequence's hidden (the target's, before its last token); a forked sample starts from its request's
+        prompt hidden (same position)."""
         for s in [seq, *seq.request.seqs]:
             if s.seq_id in self._hidden:
-                return self._hidden[s.seq_id][1]
+                h = self._hidden[s.seq_id][1]
+                return h[0] if h.ndim == 2 else h
         return np.zeros(self.config.hidden_size, np.float32)
+
+    def _round_features(self, seq) -> tuple[np.ndarray, bool]:
+        """What a round reads for ``seq``: its carried hidden, or after an EAGLE round that left it drafted the
+        draft's f̂ at its last token (a fork's draft pool holds its parent's: it starts not drafted)."""
+        h = self._hidden.get(seq.seq_id)
+        if h is not None and h[2]:
+            return h[1][1], True
+        return self._carried_hidden(seq), False
 
     # ---- shared --------------------------------------------------------------------------------
 

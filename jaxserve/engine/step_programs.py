@@ -154,17 +154,17 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
         return _on_mesh(layout, (toks, logprobs, hidden), target_pool, draft_pool)
 
 
-@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram"),
+@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC + ("gamma", "max_ngram", "min_ngram", "first_step"),
                    donate_argnames=("target_pool", "draft_pool"))
 def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: KVPool | None, inputs: RoundInputs,
                extra, want_logprobs, *, target_config, proposer_config, method: str, attention_impl: str, gamma: int,
-               max_ngram: int, min_ngram: int, quant=None, layout=None):
+               max_ngram: int, min_ngram: int, quant=None, layout=None, first_step: bool = True):
     """One round for every row: (tokens i32[B, G+1], accepted i32[B], log-probs f32[B, G+1] (NaN unless
-    ``want_logprobs``, a traced bool), Medusa's next hidden f32[B, E] (else a 0-d zero), pools). ``extra`` is the
-    n-gram history i32[B, H], the
-    Medusa hidden f32[B, E], the draft's restricted head (a ``DraftHead`` or None), EAGLE's (``DraftHead``, the
-    hidden f32[B, E] before each row's last token), or suffix decoding's
-    host drafts i32[B, W] (W <= G: the round's width) and their lengths i32[B]."""
+    ``want_logprobs``, a traced bool), Medusa's next hidden f32[B, E] or EAGLE's f32[B, 2, E] (else a 0-d zero),
+    pools). ``extra`` is the n-gram history i32[B, H], the Medusa hidden f32[B, E], the draft's restricted head (a
+    ``DraftHead`` or None), EAGLE's (``DraftHead``, each row's features f32[B, E], drafted bool[B]:
+    ``eagle_round``'s), or suffix decoding's host drafts i32[B, W] (W <= G: the round's width) and their lengths
+    i32[B]. ``first_step`` (EAGLE): False when every active row is drafted (its first draft step is skipped)."""
     TRACES[0] += 1
     with matmul_context(quant):
         if method == "draft_model":
@@ -176,9 +176,9 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
             r = ngram_round(target_params, target_pool, inputs, extra, target_config=target_config, gamma=gamma,
                             max_ngram=max_ngram, min_ngram=min_ngram, attention_impl=attention_impl, layout=layout)
         elif method == "eagle":
-            r = eagle_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra[1],
+            r = eagle_round(target_params, proposer_params, target_pool, draft_pool, inputs, extra[1], extra[2],
                             target_config=target_config, draft_config=proposer_config, head=extra[0], gamma=gamma,
-                            attention_impl=attention_impl, layout=layout)
+                            attention_impl=attention_impl, layout=layout, first_step=first_step)
             draft_pool = r.draft_pool
         elif method == "suffix":
             r = suffix_round(target_params, target_pool, inputs, *extra, target_config=target_config, max_gamma=gamma,

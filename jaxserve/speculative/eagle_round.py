@@ -4,16 +4,21 @@ Axis names: B sequences, G draft tokens per round (γ), T packed tokens, E hidde
 
 State between rounds, per row, with L = ``positions`` (the position of ``last_tokens``):
 - the target pool holds K/V for [0, L), as in ``spec_round``;
-- the draft pool holds K/V for [0, L), each position written from its true feature f_{p-1};
-- ``features`` f32[B, E] is the target's f_{L-1}, the LM head input that produced ``last_tokens``.
+- the draft pool holds K/V for [0, L), each position written from its true feature f_{p-1}, and with ``drafted``
+  also for L (written from f_{L-1}, as a fill would);
+- ``features`` f32[B, E]: the target's f_{L-1}, the LM head input that produced ``last_tokens``; or with
+  ``drafted`` the draft's own f̂ at L (its output there, from which the first draft token is drawn).
 
-A round drafts γ tokens in γ one-token draft steps at L .. L+γ-1 (the first reads f_{L-1}, the others the
-draft's own f̂), verifies them in one target pass that also returns f_L .. f_{L+γ}, accepts n of them, and
-then rewrites the draft's K/V at L+1 .. L+γ from the true features (one γ-token pass): positions up to L+n
-now hold what a fill would have written, later ones are overwritten before anything attends to them. The
-next round's feature is f_{L+n}. A fill (prefill chunks, plain decodes) runs the draft over its tokens with
-each token's feature shifted by one within its entry, the entry's first token reading the feature carried
-from the entry's previous step (zeros at position 0, or when it is not known: a prefix-cache hit).
+A round drafts γ tokens in one-token draft steps at L .. L+γ-1 (the first reads f_{L-1}, the others the draft's
+own f̂; a drafted row skips the first, whose output it carries), verifies them in one target pass that also returns
+f_L .. f_{L+γ}, accepts n of them, and then runs the draft once over the emitted tokens at L+1 .. L+γ from those
+true features (one γ-token pass): positions up to L+n now hold what a fill would have written, and when n < γ
+also L+n+1, the next round's last token, whose output there is the next round's f̂ (the fix-up pass does the next
+round's first draft step: drafted). Later positions are overwritten before anything attends to them. After a
+round that accepts all γ the next round starts from f_{L+γ} (its last token's slot is past the round's). A fill
+(prefill chunks, plain decodes) runs the draft over its tokens with each token's feature shifted by one within its
+entry, the entry's first token reading the true feature carried from the entry's previous step (zeros at
+position 0, or when it is not known: a prefix-cache hit); a fill leaves its rows not drafted.
 """
 from __future__ import annotations
 
@@ -56,40 +61,59 @@ def _draw(fh, uniforms, inputs: RoundInputs, all_greedy, head, target_params, ta
 
 
 def eagle_round(target_params: dict, draft_params: dict, target_pool: KVPool, draft_pool: KVPool,
-                inputs: RoundInputs, features: jax.Array, *, target_config: ModelConfig, draft_config: ModelConfig,
-                head: DraftHead, gamma: int, attention_impl: str = "auto",
-                layout: Layout | None = None) -> RoundOutputs:
-    """Draft γ tokens with the EAGLE draft, verify, accept exactly, rewrite the draft's accepted K/V; the result's
-    ``hidden`` is the next round's features f32[B, E] (unchanged for inactive rows). See the module docstring."""
+                inputs: RoundInputs, features: jax.Array, drafted: jax.Array | None = None, *,
+                target_config: ModelConfig, draft_config: ModelConfig, head: DraftHead, gamma: int,
+                attention_impl: str = "auto", layout: Layout | None = None, first_step: bool = True) -> RoundOutputs:
+    """Draft γ tokens with the EAGLE draft, verify, accept exactly, rewrite the draft's accepted K/V (module
+    docstring). ``drafted`` bool[B] (None: none): rows whose ``features`` are the draft's f̂ at L. ``first_step``
+    (static) False: every active row is drafted, and the draft's step at L is not run at all.
+    The result's ``hidden`` f32[B, 2, E] holds each row's true f_{L'-1} (L' its next position: what a fill
+    carries) and the next round's ``features``; its ``drafted`` bool[B] the next round's ``drafted``. Inactive rows
+    keep their ``features`` (both) and ``drafted``."""
     s = inputs.sampling
+    b = inputs.positions.shape[0]
+    drafted = jnp.zeros(b, bool) if drafted is None else drafted
     all_greedy = jnp.all(s.temperature <= 0)
     u = round_uniforms(s.seed, s.index, inputs.positions + 1, gamma, target_config.vocab_size, all_greedy)
     block_size = draft_pool.page_size
-    tok, feat = inputs.last_tokens, features
-    xs, qs = [], []
-    for j in range(gamma):  # unrolled, as in draft_propose: a loop-carried pool can get layout copies
+    fh = features
+    if first_step:  # the step at L for the rows not drafted (a drafted row's K/V there is kept: not written)
+        pos = inputs.positions[:, None]
+        run = inputs.replace(active=inputs.active & ~drafted)
+        out, draft_pool = draft_hidden(draft_params, draft_config,
+                                       target_embed(target_params, target_config, inputs.last_tokens), features,
+                                       pos[:, 0], draft_pool, multi_token_meta(run, pos, block_size), attention_impl)
+        fh = jnp.where(drafted[:, None], features, out)
+    tok, q = _draw(fh, u[:, 0, :-1], inputs, all_greedy, head, target_params, target_config)
+    xs, qs = [tok], [q]
+    for j in range(1, gamma):  # unrolled, as in draft_propose: a loop-carried pool can get layout copies
         pos = (inputs.positions + j)[:, None]
         fh, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, tok),
-                                      feat, pos[:, 0], draft_pool, multi_token_meta(inputs, pos, block_size),
+                                      fh, pos[:, 0], draft_pool, multi_token_meta(inputs, pos, block_size),
                                       attention_impl)
         tok, q = _draw(fh, u[:, j, :-1], inputs, all_greedy, head, target_params, target_config)
-        feat = fh
         xs.append(tok)
         qs.append(q)
     x, q = jnp.stack(xs, axis=1), jnp.stack(qs, axis=1)
 
-    b = x.shape[0]
     logits, hid, target_pool = verify_with_hidden(target_params, target_config, target_pool, inputs, x,
                                                   attention_impl, layout)
     r = accept_and_advance(inputs, x, q, logits, u, target_pool, draft_pool)
 
-    # the accepted drafts' K/V again, from the verify's true features f_L .. f_{L+γ-1}
+    # the emitted tokens (n accepted drafts, then the new last token) at L+1 .. L+γ from the verify's true features
+    # f_L .. f_{L+γ-1}: the accepted drafts' K/V again, and the next round's first draft step
+    n, rows = r.num_accepted, jnp.arange(b)
+    emitted = jnp.where(r.tokens[:, :gamma] >= 0, r.tokens[:, :gamma], 0)  # (PAD past the emitted: any token)
     pos = inputs.positions[:, None] + 1 + jnp.arange(gamma)[None, :]
-    _, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, x).reshape(
-        b * gamma, -1), hid[:, :gamma].reshape(b * gamma, -1), pos.reshape(-1), draft_pool,
-        multi_token_meta(inputs, pos, block_size), attention_impl)
-    nxt = hid[jnp.arange(b), r.num_accepted]
-    return r.replace(draft_pool=draft_pool, hidden=jnp.where(inputs.active[:, None], nxt, features))
+    fix, draft_pool = draft_hidden(draft_params, draft_config, target_embed(target_params, target_config, emitted)
+                                   .reshape(b * gamma, -1), hid[:, :gamma].reshape(b * gamma, -1), pos.reshape(-1),
+                                   draft_pool, multi_token_meta(inputs, pos, block_size), attention_impl)
+    true_next = hid[rows, n]
+    now_drafted = n < gamma
+    nxt = jnp.where(now_drafted[:, None], fix.reshape(b, gamma, -1)[rows, jnp.minimum(n, gamma - 1)], true_next)
+    act = inputs.active[:, None]
+    hidden = jnp.stack([jnp.where(act, true_next, features), jnp.where(act, nxt, features)], axis=1)
+    return r.replace(draft_pool=draft_pool, hidden=hidden, drafted=jnp.where(inputs.active, now_drafted, drafted))
 
 
 def fill_features(hidden: jax.Array, entry_features: jax.Array, cu_q_lens: jax.Array) -> jax.Array:

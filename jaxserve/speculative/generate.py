@@ -54,7 +54,9 @@ _SUFFIX_CALLS = itertools.count()  # suffix_generate's request keys in a shared 
 class LoopState:
     target_pool: KVPool
     draft_pool: KVPool | None  # the draft model's or EAGLE draft's pool (None: target-only, n-gram, Medusa)
-    hidden: jax.Array | None  # Medusa, EAGLE: the target's hidden f32[B, E] the proposer reads next (else None)
+    # Medusa: the target's hidden f32[B, E] the heads read next; EAGLE: (the features f32[B, E] its next round
+    # reads, drafted bool[B]: eagle_round's); else None
+    hidden: jax.Array | tuple | None
     inputs: RoundInputs
     out: jax.Array  # i32[B, N+G+1]: generated tokens (valid below num_generated)
     history: jax.Array  # i32[B, Lp+N+G+1]: the token at position t in slot t (valid up to positions)
@@ -248,13 +250,15 @@ def _eagle_program(target_params, draft_params, prompts, prompt_lens, max_tokens
                             pos.reshape(-1), state.hidden, jnp.zeros((prompts.shape[0], target_config.hidden_size)),
                             draft_pool, meta, attention_impl)
 
-    def body(st: LoopState) -> LoopState:
-        r = eagle_round(target_params, draft_params, st.target_pool, st.draft_pool, st.inputs, st.hidden,
+    def body(st: LoopState) -> LoopState:  # (every round may hold undrafted rows: its first step always runs)
+        r = eagle_round(target_params, draft_params, st.target_pool, st.draft_pool, st.inputs, *st.hidden,
                         target_config=target_config, draft_config=draft_config, head=draft_head, gamma=gamma,
                         attention_impl=attention_impl)
-        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool, r.hidden)
+        return _commit(st, r.tokens, r.num_accepted, r.next, max_tokens, eos, r.target_pool, r.draft_pool,
+                       (r.hidden[:, 1], r.drafted))
 
-    state = state.replace(draft_pool=draft_pool, hidden=state.hidden[last].astype(jnp.float32))
+    b = prompts.shape[0]
+    state = state.replace(draft_pool=draft_pool, hidden=(state.hidden[last].astype(jnp.float32), jnp.zeros(b, bool)))
     state = jax.lax.while_loop(lambda st: jnp.any(~st.done), body, state)
     return _finish(state, capacity)
 

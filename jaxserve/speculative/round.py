@@ -56,7 +56,8 @@ class RoundOutputs:
     next: RoundInputs  # inputs for the next round (positions advanced by num_accepted + 1)
     target_pool: KVPool
     draft_pool: KVPool | None  # the draft model's pool; None for proposers without one
-    hidden: jax.Array | None = None  # Medusa: the next round's target hidden f32[B, E]; None otherwise
+    hidden: jax.Array | None = None  # Medusa: the next round's target hidden f32[B, E]; EAGLE: f32[B, 2, E]; else None
+    drafted: jax.Array | None = None  # EAGLE: bool[B], rows whose next round starts from the draft's own f̂
     # f32[B, G+1, V]: the verify pass's raw logits, for ``emitted_logprobs`` under a caller's condition (the engine
     # computes log-probs only when a request asks: a log-sum-exp over every verified position's vocabulary)
     target_logits: jax.Array | None = None

@@ -10,12 +10,13 @@ from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.models.attention_backends import new_kv_pool
 from jaxserve.sampling import SamplingBatch
-from jaxserve.speculative.eagle import eagle_config, eagle_head, init_eagle_params, load_eagle, save_eagle
+from jaxserve.speculative.eagle import (draft_hidden, eagle_config, eagle_head, init_eagle_params, load_eagle, save_eagle,
+                                       target_embed)
 from jaxserve.speculative.eagle_round import draft_fill, eagle_round, fill_features
 from jaxserve.speculative.generate import eagle_generate
 from jaxserve.speculative.hidden import forward_with_hidden, full_hidden
 from jaxserve.speculative.round import RoundInputs, multi_token_meta
-from jaxserve.train.eagle import eval_metrics, make_optimizer, target_features, train_step
+from jaxserve.train.eagle import eval_metrics, make_optimizer, shifted, target_features, train_step
 from spec_stats import chi2_statistic, chi2_threshold
 
 GAMMA, BLOCK, ROUNDS = 3, 8, 6
@@ -108,28 +109,48 @@ def _kv_at(pool, pos):
 
 
 def test_a_round_leaves_the_draft_cache_a_fill_over_the_true_features_would(target, draft):
-    """After a fill and a greedy round, the draft's K/V at every position before the new last token, and the
-    carried feature, equal those of one fill over the emitted sequence (which reads only true features)."""
+    """After a fill and greedy rounds, the draft's K/V at every position before the new last token, and the carried
+    true feature, equal those of one fill over the emitted sequence (which reads only true features); a round that
+    leaves its row drafted has also run the draft at the last token, as that fill would, and carries its output f̂;
+    the next round skips its first draft step (``first_step=False``)."""
     dconfig, dparams = draft
     prompt = np.random.default_rng(0).integers(0, 16, 9).tolist()
     tpool, dpool, hidden, logits = _fill(target, draft, prompt)
     last = int(jnp.argmax(logits[-1]))
     head = eagle_head(target, CONFIG, np.arange(CONFIG.vocab_size))
-    accepted, feature = [], hidden[-1:].astype(jnp.float32)
+    accepted, features, drafted, skipped, checked = [], hidden[-1:].astype(jnp.float32), jnp.zeros(1, bool), 0, []
     for _ in range(ROUNDS):  # some rounds accept part of their drafts
-        r = eagle_round(target, dparams, tpool, dpool, _inputs([len(prompt)], [last]), feature, target_config=CONFIG,
-                        draft_config=dconfig, head=head, gamma=GAMMA, attention_impl="xla")
+        first_step = not bool(drafted[0])
+        skipped += not first_step
+        r = eagle_round(target, dparams, tpool, dpool, _inputs([len(prompt)], [last]), features, drafted,
+                        target_config=CONFIG, draft_config=dconfig, head=head, gamma=GAMMA, attention_impl="xla",
+                        first_step=first_step)
         n = int(r.num_accepted[0])
         accepted.append(n)
         prompt = prompt + [last] + np.asarray(r.tokens[0, :n]).tolist()
-        last, feature = int(r.next.last_tokens[0]), r.hidden
+        last, features, drafted = int(r.next.last_tokens[0]), r.hidden[:, 1], r.drafted
+        assert bool(drafted[0]) == (n < GAMMA)
+        if drafted[0]:  # f̂ at the last token: the draft over the whole sequence from true features, uncached
+            checked.append(_fhat_reference(target, draft, prompt + [last]))
+            np.testing.assert_allclose(np.asarray(features[0]), checked[-1], atol=2e-5)
         tpool, dpool = r.target_pool, r.draft_pool
     assert 0 < sum(accepted) < ROUNDS * GAMMA, accepted  # drafts accepted and rejected: both paths ran
-    _, ref_pool, ref_hidden, _ = _fill(target, draft, prompt)
-    _, true_hidden = full_hidden(target, CONFIG, jnp.asarray([prompt], jnp.int32))
-    np.testing.assert_allclose(np.asarray(feature[0]), np.asarray(true_hidden[0, -1]), atol=1e-5)
-    for pos in range(len(prompt)):
+    assert skipped > 0 and checked, accepted
+    _, ref_pool, _, _ = _fill(target, draft, prompt + [last])
+    _, true_hidden = full_hidden(target, CONFIG, jnp.asarray([prompt + [last]], jnp.int32))
+    np.testing.assert_allclose(np.asarray(r.hidden[0, 0]), np.asarray(true_hidden[0, -2]), atol=1e-5)
+    for pos in range(len(prompt) + bool(drafted[0])):
         np.testing.assert_allclose(_kv_at(dpool, pos), _kv_at(ref_pool, pos), atol=2e-5, err_msg=f"position {pos}")
+
+
+def _fhat_reference(target, draft, tokens):
+    """The draft's output at the last of ``tokens``, reading the target's true features, with no cache."""
+    dconfig, dparams = draft
+    seq = jnp.asarray([tokens], jnp.int32)
+    _, true_hidden = full_hidden(target, CONFIG, seq)
+    fh, _ = draft_hidden(dparams, dconfig, target_embed(target, CONFIG, seq).astype(jnp.float32),
+                         shifted(true_hidden.astype(jnp.float32)), jnp.arange(seq.shape[1])[None, :])
+    return np.asarray(fh[0, -1])
 
 
 def test_fill_features_shift_within_each_entry():
@@ -169,10 +190,12 @@ def test_engine_with_an_eagle_draft_gives_the_targets_greedy_tokens(target, draf
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 16, n).tolist() for n in (11, 3, 7, 16, 20)]
     llm = _llm(target, draft, ids=np.arange(2, 14))  # a head cut to 12 of the 16 tokens
+    warm = llm.warmup()  # every program, rounds with and without the draft's first step (rows drafted or not)
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
     assert outs == _greedy_oracle(target, prompts)
     s = llm.stats()
     assert s["spec_rounds"] > 0 and 0.05 < s["spec_acceptance_rate"] < 0.95, s
+    assert s["compilations"] == warm <= llm.engine.runner.num_buckets
 
 
 def test_engine_with_an_eagle_draft_samples_from_the_target(target, draft):
