@@ -2,7 +2,7 @@
 the bundled EAGLE draft, against the same engine forced to run every round's first draft step (as rounds did before
 47a0926) and a plain engine, calls alternating, outputs checked identical.
 
-    PYTHONPATH=. python benchmarks/eagle_first_step.py [--gamma 3] [--calls 5]
+    PYTHONPATH=. python scripts/eagle_first_step.py [--gamma 3] [--calls 5]
 """
 import argparse
 import statistics
