@@ -22,6 +22,7 @@ counts the traces this runner's calls caused, ``num_buckets`` bounds them.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,15 @@ from jaxserve.speculative.config import SpeculativeConfig
 from jaxserve.speculative.eagle import eagle_head
 from jaxserve.speculative.round import RoundInputs
 from jaxserve.speculative.suffix_tree import SuffixCache
+
+
+class CarriedHidden(NamedTuple):
+    """What a Medusa or EAGLE runner keeps per sequence between steps: the target's hidden before the sequence's
+    last token f32[E], or after an EAGLE round f32[2, E] (that hidden, then the draft's f̂ at the last token), and
+    whether that round left the sequence drafted (its next round skips the draft's first step: ``eagle_round``)."""
+    seq: object
+    hidden: np.ndarray
+    drafted: bool = False
 
 
 def fetch(tree):
@@ -136,9 +146,8 @@ class ModelRunner:
             if proposer.method in DRAFT_POOL_METHODS:
                 build_draft = lambda: new_kv_pool(proposer.config, num_blocks, block_size, attention_impl)  # noqa: E731
                 self.draft_pool = build_draft() if layout is None else layout.new_pool(build_draft, sharded=False)
-        # Medusa and EAGLE: seq_id -> (its Sequence, the target's hidden f32[E] before its last token, False); after
-        # an EAGLE round (Sequence, f32[2, E]: that hidden and the next round's features, drafted: eagle_round's)
-        self._hidden: dict[int, tuple[object, np.ndarray, bool]] = {}
+        # Medusa and EAGLE: seq_id -> what its next step reads (CarriedHidden)
+        self._hidden: dict[int, CarriedHidden] = {}
         # suffix decoding: the host trees, and the live sequences whose outputs join the global tree at the end
         self._suffix = None if proposer is None or proposer.method != "suffix" else SuffixCache(
             speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
@@ -179,7 +188,7 @@ class ModelRunner:
         result = self._fill(fill, logprobs) if fill else RunnerOutput()
         if rounds:
             result.merge(self._round(rounds, logprobs))
-        self._hidden = {k: v for k, v in self._hidden.items() if not v[0].is_finished}
+        self._hidden = {k: v for k, v in self._hidden.items() if not v.seq.is_finished}
         self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
         return result
 
@@ -260,7 +269,7 @@ class ModelRunner:
             self._note_draft_fill(entries, draft_pass=not shape[3])
         if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
             for k, e in enumerate(entries):
-                self._hidden[e.seq_id] = (e.seq, hidden[k], False)
+                self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[k])
         return result
 
     def _run_fill(self, step: PackedStep, rows, logprobs: bool, entries=()) -> tuple[np.ndarray, ...]:
@@ -343,7 +352,8 @@ class ModelRunner:
             if self._suffix is not None:
                 result.drafted[e.seq_id] = int(extra[1][i])
             if self.proposer.method in HIDDEN_METHODS:  # (EAGLE: drafted unless all γ were accepted)
-                self._hidden[e.seq_id] = (e.seq, hidden[i], self.proposer.method == "eagle" and n < self.gamma)
+                drafted = self.proposer.method == "eagle" and n < self.gamma
+                self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[i], drafted)
         return result
 
     def _run_round(self, inputs: RoundInputs, extra, logprobs: bool, first_step: bool = True) -> tuple[np.ndarray, ...]:
@@ -413,7 +423,7 @@ class ModelRunner:
         prompt hidden (same position)."""
         for s in [seq, *seq.request.seqs]:
             if s.seq_id in self._hidden:
-                h = self._hidden[s.seq_id][1]
+                h = self._hidden[s.seq_id].hidden
                 return h[0] if h.ndim == 2 else h
         return np.zeros(self.config.hidden_size, np.float32)
 
@@ -421,8 +431,8 @@ class ModelRunner:
         """What a round reads for ``seq``: its carried hidden, or after an EAGLE round that left it drafted the
         draft's f̂ at its last token (a fork's draft pool holds its parent's: it starts not drafted)."""
         h = self._hidden.get(seq.seq_id)
-        if h is not None and h[2]:
-            return h[1][1], True
+        if h is not None and h.drafted:
+            return h.hidden[1], True
         return self._carried_hidden(seq), False
 
     # ---- shared --------------------------------------------------------------------------------

@@ -55,17 +55,11 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
             kv_pool, out = layout.constrain_pool(kv_pool), layout.replicate(out)
         results = _sample_rows(out, sample_entry, sbatch, want_top, want_logprobs)
         return (results if layout is None else layout.replicate(results)), kv_pool
-    # A step whose rows are all greedy and ask for no log-probs takes its tokens from the head's GEMM (the first
-    # column of each row's largest bf16 logit, as the argmax of the logits gives it) without writing the [R, V]
-    # logits; any other step computes them as forward would.
-    hidden = out.astype(config.dtype)  # (the final norm's output, exactly)
     r, k = sample_entry.shape[0], min(NUM_TOP_LOGPROBS, config.vocab_size)
-    fast = jnp.all(sbatch.temperature <= 0) & jnp.logical_not(want_logprobs) & jnp.logical_not(want_top)
-    results = jax.lax.cond(
-        fast, lambda: (packed_argmax(hidden, head)[sample_entry], jnp.full((r,), jnp.nan, jnp.float32),
-                       jnp.zeros((r, k), jnp.float32), jnp.zeros((r, k), jnp.int32)),
-        lambda: _sample_rows(packed_logits(head, hidden, config.dtype).astype(jnp.float32), sample_entry, sbatch,
-                             want_top, want_logprobs))
+    results = _head_samples(out, head, config, sample_entry, sbatch, want_logprobs | want_top,
+                            lambda logits: _sample_rows(logits, sample_entry, sbatch, want_top, want_logprobs),
+                            (jnp.full((r,), jnp.nan, jnp.float32), jnp.zeros((r, k), jnp.float32),
+                             jnp.zeros((r, k), jnp.int32)))
     return results, kv_pool
 
 
@@ -92,22 +86,31 @@ def _sample_rows(logits, sample_entry, sbatch, want_top, want_logprobs):
     return toks, logprobs, top_logprobs, top_ids
 
 
+def _head_samples(out, head, config, sample_entry, sbatch, extras_wanted, from_logits, placeholders: tuple):
+    """A step's draws from its final hidden states ``out`` f32[R', E] through the packed tied ``head``
+    (``greedy_head``). A step whose rows are all greedy and want nothing more (``extras_wanted``, a traced bool:
+    log-probs, top candidates) takes its tokens from the head's GEMM (``packed_argmax``: the first column of each
+    row's largest bf16 logit, as the argmax of the logits gives it) without writing the [R', V] logits, beside the
+    ``placeholders`` of the other results; any other step returns ``from_logits`` of the logits f32[R', V] as
+    forward would compute them. Both branches return (tokens i32[R], *placeholders' structure)."""
+    hidden = out.astype(config.dtype)  # (the final norm's output, exactly)
+    fast = jnp.all(sbatch.temperature <= 0) & jnp.logical_not(extras_wanted)
+    return jax.lax.cond(fast, lambda: (packed_argmax(hidden, head)[sample_entry], *placeholders),
+                        lambda: from_logits(packed_logits(head, hidden, config.dtype).astype(jnp.float32)))
+
+
 def _fill_samples(out, head, config, sample_entry, sbatch, want_logprobs):
     """A fill step's draws per sample row: tokens i32[R] drawn as rounds draw (``sample_tokens``) and their
     log-probs f32[R] (NaN unless ``want_logprobs``). ``out`` holds the logits f32[R', V], or with a packed greedy
-    ``head`` the hidden states: an all-greedy step without log-probs then takes its tokens from the head's GEMM,
-    as ``plain_step`` does (the same tokens as the argmax of the logits)."""
+    ``head`` the hidden states (``_head_samples``, as ``plain_step``)."""
     def from_logits(logits):
         logits = logits[sample_entry]
         toks = sample_tokens(logits, sbatch)
         return toks, logprobs_if(want_logprobs, lambda: token_logprobs(logits, toks), toks.shape)
     if head is None:
         return from_logits(out)
-    hidden = out.astype(config.dtype)
-    fast = jnp.all(sbatch.temperature <= 0) & jnp.logical_not(want_logprobs)
-    return jax.lax.cond(
-        fast, lambda: (packed_argmax(hidden, head)[sample_entry], jnp.full(sample_entry.shape, jnp.nan, jnp.float32)),
-        lambda: from_logits(packed_logits(head, hidden, config.dtype).astype(jnp.float32)))
+    return _head_samples(out, head, config, sample_entry, sbatch, want_logprobs, from_logits,
+                         (jnp.full(sample_entry.shape, jnp.nan, jnp.float32),))
 
 
 SPECULATIVE_STATIC = ("target_config", "proposer_config", "method", "attention_impl", "quant", "layout")
