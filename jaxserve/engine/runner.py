@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxserve.config import ModelConfig
 from jaxserve.engine import step_programs as programs
+from jaxserve.engine.draft_backlog import FeatureBacklog
 from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, SampleRow, collect_samples, pack,
                                       sample_rows, sampling_columns)
 from jaxserve.engine.proposer import DRAFT_POOL_METHODS, HIDDEN_METHODS, Proposer
@@ -120,8 +121,8 @@ class ModelRunner:
         self.speculative = speculative
         self.gamma = speculative.gamma if speculative else 0
         # a step the speculation policy ran plain: its decodes run the fill program in decode shapes (B, not
-        # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs (a draft model's pass
-        # is skipped there and caught up before the sequence's next round: ``_catch_up_draft``)
+        # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs (a draft model's or
+        # an EAGLE draft's pass is skipped there and caught up before the sequence's next round: ``_catch_up_draft``)
         self.plain_decodes = speculative is not None and (speculative.adaptive
                                                           or speculative.disable_by_batch_size is not None)
         self.buckets = BucketPolicy(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -153,8 +154,10 @@ class ModelRunner:
             speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
             speculative.suffix_min_token_prob)
         self._suffix_seqs: dict[int, object] = {}
-        # draft model: seq_id -> (its Sequence, n): the draft's pool holds the sequence's K/V at positions [0, n)
+        # draft model, EAGLE: seq_id -> (its Sequence, n): the draft's pool holds the sequence's K/V at positions [0, n)
         self._draft_len: dict[int, tuple[object, int]] = {}
+        # EAGLE: seq_id -> the draft's inputs at the decode positions it has not run over (plain steps skip it)
+        self._backlog: dict[int, FeatureBacklog] = {}
         self.draft_catch_up_tokens = 0  # positions the draft ran over alone, after plain steps skipped them
         self.num_compilations = 0
 
@@ -169,8 +172,9 @@ class ModelRunner:
 
     @property
     def _catches_up(self) -> bool:
-        """Whether plain decode steps skip the draft model, so rounds may first catch it up."""
-        return self.plain_decodes and self.proposer.method == "draft_model"
+        """Whether plain decode steps skip the draft (a draft model, an EAGLE draft), so rounds may first catch it
+        up."""
+        return self.plain_decodes and self.proposer.method in DRAFT_POOL_METHODS
 
     def execute(self, out: SchedulerOutput, *, top_logprobs: bool = False, logprobs: bool = True) -> RunnerOutput:
         """Runs one scheduled step (block copies first). ``top_logprobs`` (plain runner only, for beam
@@ -190,6 +194,7 @@ class ModelRunner:
             result.merge(self._round(rounds, logprobs))
         self._hidden = {k: v for k, v in self._hidden.items() if not v.seq.is_finished}
         self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
+        self._backlog = {k: b for k, b in self._backlog.items() if not b.seq.is_finished}
         return result
 
     def warmup(self) -> int:
@@ -261,30 +266,40 @@ class ModelRunner:
     def _fill(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
         shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=self.plain_decodes)
         rows = sample_rows(entries)
-        toks, lps, hidden = self._run_fill(pack(entries, *shape), rows, logprobs, entries)
-        result = collect_samples(entries, len(rows), toks, lps)
-        if not logprobs:
-            result.logprobs.clear()
-        if self.proposer.method == "draft_model":
-            self._note_draft_fill(entries, draft_pass=not shape[3])
-        if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
-            for k, e in enumerate(entries):
-                self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[k])
-        return result
-
-    def _run_fill(self, step: PackedStep, rows, logprobs: bool, entries=()) -> tuple[np.ndarray, ...]:
-        sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
-        features = None
+        step, features = pack(entries, *shape), None
         if self.proposer.method == "eagle":  # each entry's first token reads the feature its last step left
             features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
             for k, e in enumerate(entries):
                 if e.start_pos > 0:  # position 0 reads zeros, also when a preempted sequence starts again
                     features[k] = self._carried_hidden(e.seq)
+        toks, lps, hidden = self._run_fill(step, rows, logprobs, features)
+        result = collect_samples(entries, len(rows), toks, lps)
+        if not logprobs:
+            result.logprobs.clear()
+        if self.proposer.method in DRAFT_POOL_METHODS:
+            self._note_draft_fill(entries, draft_pass=not step.decode_only)
+        if self.proposer.method == "eagle":  # a decode's draft input, kept until the draft has run over it
+            kept = features[: len(entries)].astype(jnp.dtype(self.proposer.config.dtype))
+            for k, e in enumerate(entries):
+                if len(e.token_ids) == 1 and self._draft_len[e.seq_id][1] <= e.start_pos:
+                    backlog = self._backlog.get(e.seq_id)
+                    if backlog is None:
+                        backlog = self._backlog[e.seq_id] = FeatureBacklog(e.seq, e.start_pos)
+                    backlog.record(e.start_pos, kept[k])
+        if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
+            for k, e in enumerate(entries):
+                self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[k])
+        return result
+
+    def _run_fill(self, step: PackedStep, rows, logprobs: bool, features=None) -> tuple[np.ndarray, ...]:
+        """``features`` f32[len(step.last), E] (EAGLE): the feature each entry's first token reads (else None)."""
+        sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
+        if self.proposer.method == "eagle" and features is None:
+            features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
             step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs), features,
-            **self._speculative_static(),
-            draft_pass=not step.decode_only or self.proposer.method == "eagle")
+            **self._speculative_static(), draft_pass=not step.decode_only)
         toks, lps, hidden = jax.device_get((toks, lps, hidden))
         return toks[: len(rows)], lps[: len(rows)], hidden
 
@@ -299,42 +314,70 @@ class ModelRunner:
             self._draft_len[e.seq_id] = (e.seq, e.context_len if draft_pass and n == e.start_pos else n)
 
     def _catch_up_draft(self, entries: list[ScheduledSequence]) -> None:
-        """Before a round: the draft alone over each row's positions it does not hold, up to L-1 (L = start_pos,
-        the last token's position; ``spec_round`` runs the draft from L-1), in packed steps of the mixed
-        shapes, each within the token budget, ``max_num_seqs`` and ``max_num_partial_prefills``, at most one
-        piece of a sequence per step (a piece attends to the ones before it)."""
+        """Before a round: the draft alone over each row's positions it does not hold, up to L-1 for a draft model
+        (L = start_pos, the last token's position; ``spec_round`` runs the draft from L-1) or L-1 inclusive for an
+        EAGLE draft (``eagle_round``'s first step runs at L, from the carried feature) reading the features plain
+        steps kept, in packed steps of the mixed shapes, each within the token budget, ``max_num_seqs`` and
+        ``max_num_partial_prefills``, at most one piece of a sequence per step (a piece attends to the ones before
+        it). An EAGLE row missing a feature (a multi-token fill ran while its draft was behind: never in plain
+        decoding) is left as it is: its draft reads stale K/V there, which lowers acceptance, never exactness."""
+        eagle = self.proposer.method == "eagle"
         todo = []
         for e in entries:
+            upto = e.start_pos if eagle else e.start_pos - 1
             # unseen: a fork of a prefilled request, whose shared blocks hold the draft's K/V of the prompt
-            have = self._draft_len.get(e.seq_id, (None, e.start_pos - 1))[1]
-            if have < e.start_pos - 1:
-                todo.append([e, have])
+            have = self._draft_len.get(e.seq_id, (None, upto))[1]
+            if have < upto and (not eagle or self._backlog_span(e.seq_id, have, upto) is not None):
+                todo.append([e, have, upto])
         max_tokens = self.buckets.token_buckets[-1]
         max_entries = min(self.max_num_seqs, self.max_chunks or self.max_num_seqs)
         while todo:
-            pieces, budget = [], max_tokens
+            pieces, feats, budget = [], [], max_tokens
             for item in todo[:max_entries]:
-                (e, have), n = item, min(item[0].start_pos - 1 - item[1], budget)
+                (e, have, upto), n = item, min(item[2] - item[1], budget)
                 if n == 0:
                     break
                 pieces.append(_piece(e, have, n, self.block_size))
+                if eagle:
+                    feats += self._backlog_span(e.seq_id, have, have + n)
                 item[1], budget = have + n, budget - n
             num_tokens = max_tokens - budget
-            self._run_catch_up(pack(pieces, *self.buckets.step(pieces, num_tokens, allow_decode=False)))
+            step = pack(pieces, *self.buckets.step(pieces, num_tokens, allow_decode=False))
+            self._run_catch_up(step, feats)
             self.draft_catch_up_tokens += num_tokens
-            todo = [item for item in todo if item[1] < item[0].start_pos - 1]
+            todo = [item for item in todo if item[1] < item[2]]
         for e in entries:
-            self._draft_len[e.seq_id] = (e.seq, e.start_pos - 1)
+            upto = e.start_pos if eagle else e.start_pos - 1
+            self._draft_len[e.seq_id] = (e.seq, max(upto, self._draft_len.get(e.seq_id, (None, upto))[1]))
+            if eagle and e.seq_id in self._backlog:
+                self._backlog[e.seq_id].drop_before(upto)
 
-    def _run_catch_up(self, step: PackedStep) -> None:
-        self.draft_pool = self._counted(programs.draft_catch_up, self.proposer.params, self.draft_pool, step.tokens,
-                                        step.positions, self._metadata(step), proposer_config=self.proposer.config,
+    def _backlog_span(self, seq_id: int, lo: int, hi: int) -> list[np.ndarray] | None:
+        backlog = self._backlog.get(seq_id)
+        return None if backlog is None else backlog.span(lo, hi)
+
+    def _run_catch_up(self, step: PackedStep, features: list[np.ndarray] = ()) -> None:
+        """The draft over a catch-up step's packed tokens; an EAGLE draft reads ``features`` (one per token, in
+        packing order)."""
+        meta = self._metadata(step)
+        if self.proposer.method != "eagle":
+            self.draft_pool = self._counted(programs.draft_catch_up, self.proposer.params, self.draft_pool,
+                                            step.tokens, step.positions, meta, proposer_config=self.proposer.config,
+                                            attention_impl=self.attention_impl, layout=self.layout)
+            return
+        dtype = jnp.dtype(self.proposer.config.dtype)
+        feats = np.zeros((step.tokens.shape[0], self.config.hidden_size), dtype)
+        if len(features):
+            feats[: len(features)] = np.stack(features)
+        self.draft_pool = self._counted(programs.eagle_catch_up, self.proposer.params, self.params, self.draft_pool,
+                                        step.tokens, step.positions, feats, meta,
+                                        proposer_config=self.proposer.config, target_config=self.config,
                                         attention_impl=self.attention_impl, layout=self.layout)
 
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 
     def _round(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
-        if self.proposer.method == "draft_model":
+        if self.proposer.method == "draft_model" or self._catches_up:
             self._catch_up_draft(entries)
         inputs, extra = self._round_inputs(entries, *self.buckets.round(entries))
         # an EAGLE round whose rows all carry the draft's f̂ skips the draft's first step (a program of its own)
@@ -345,6 +388,8 @@ class ModelRunner:
             n = int(num_accepted[i])
             if self.proposer.method == "draft_model":  # the next round's L is start_pos + n + 1 (spec_round's)
                 self._draft_len[e.seq_id] = (e.seq, e.start_pos + n)
+            elif self.proposer.method == "eagle":  # [0, L + n + 1), and L + n + 1 when drafted (eagle_round's)
+                self._draft_len[e.seq_id] = (e.seq, e.start_pos + n + 1 + (n < self.gamma))
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
             if logprobs:
                 result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()

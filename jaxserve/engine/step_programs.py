@@ -1,5 +1,5 @@
-"""The runner's jitted step programs: plain step, speculative fill, speculative round, the draft's catch-up,
-block copy.
+"""The runner's jitted step programs: plain step, speculative fill, speculative round, the draft's catch-up (a
+draft model's, an EAGLE draft's), block copy.
 
 Axis names: T packed tokens, B sequences, R sample rows, G draft tokens (γ), V vocabulary, E hidden size.
 
@@ -24,6 +24,7 @@ from jaxserve.layers import packed_logits
 from jaxserve.models.transformer import forward
 from jaxserve.quant import matmul_context
 from jaxserve.sampling import logprobs_if, sample, token_logprobs
+from jaxserve.speculative.eagle import draft_hidden, target_embed
 from jaxserve.speculative.hidden import forward_with_hidden
 from jaxserve.speculative.eagle_round import draft_fill, eagle_round
 from jaxserve.speculative.medusa import medusa_round
@@ -122,9 +123,9 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
               meta, last, sample_entry, sbatch, want_logprobs, entry_features=None, *, target_config, proposer_config,
               method: str, attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
     """Target pass (+ its hidden for Medusa and EAGLE) and, with ``draft_pass``, the draft's pass over the same
-    packed tokens, so the draft's pool covers what the target's does (a plain decode step skips a draft model's:
-    ``draft_catch_up`` runs it over what it skipped before the sequence's next round; an EAGLE draft, which
-    reads the target's hidden states, always runs); samples rows and returns their tokens' log-probabilities
+    packed tokens, so the draft's pool covers what the target's does (a plain decode step skips it: a draft model's
+    is caught up by ``draft_catch_up`` before the sequence's next round, an EAGLE draft's by ``eagle_catch_up`` from
+    the features the runner kept); samples rows and returns their tokens' log-probabilities
     under the raw logits (NaN unless ``want_logprobs``, a traced bool, as in ``plain_step``), and the target's
     hidden f32[R', E] at each entry's last token (Medusa, EAGLE; else zeros). ``entry_features`` f32[R', E]
     (EAGLE): the hidden before each entry's first token (``jaxserve.speculative.eagle_round.fill_features``).
@@ -134,17 +135,18 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
     head = greedy_head(target_params, target_config, layout) if quant is None else None
     hidden_only = head is not None  # the head applied below, greedy steps by packed_argmax
     with matmul_context(quant):
-        if method == "eagle":
+        if method == "eagle" and draft_pass:
             out, hidden_all, target_pool = forward_with_hidden(
                 target_params, target_config, tokens, positions, target_pool, meta, attention_impl=attention_impl,
                 logits_indices=last, layout=layout, all_hidden=True, hidden_only=hidden_only)
             draft_pool = draft_fill(proposer_params, proposer_config, target_params, target_config, tokens, positions,
                                     hidden_all, entry_features, draft_pool, meta, attention_impl)
             hidden = hidden_all[last].astype(jnp.float32)
-        elif method == "medusa":
+        elif method in ("medusa", "eagle"):
             out, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
                                                            target_pool, meta, attention_impl=attention_impl,
                                                            logits_indices=last, layout=layout, hidden_only=hidden_only)
+            hidden = hidden.astype(jnp.float32) if method == "eagle" else hidden
         else:
             out, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
                                        attention_impl=attention_impl, logits_indices=last, layout=layout,
@@ -204,6 +206,19 @@ def draft_catch_up(proposer_params, draft_pool: KVPool, tokens, positions, meta,
     TRACES[0] += 1
     _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
                             attention_impl=attention_impl, logits_indices=jnp.zeros(1, jnp.int32))
+    return draft_pool if layout is None else layout.replicate(draft_pool)
+
+
+@functools.partial(jax.jit, static_argnames=("proposer_config", "target_config", "attention_impl", "layout"),
+                   donate_argnames=("draft_pool",))
+def eagle_catch_up(proposer_params, target_params, draft_pool: KVPool, tokens, positions, features, meta, *,
+                   proposer_config, target_config, attention_impl: str, layout=None) -> KVPool:
+    """The EAGLE draft alone over packed tokens i32[T] at the positions plain decode steps did not run it over, each
+    reading its feature f32[T, E] (the target's hidden before it, kept by the runner from those steps): its pool, as
+    the skipped fills would have left it."""
+    TRACES[0] += 1
+    _, draft_pool = draft_hidden(proposer_params, proposer_config, target_embed(target_params, target_config, tokens),
+                                 features, positions, draft_pool, meta, attention_impl)
     return draft_pool if layout is None else layout.replicate(draft_pool)
 
 

@@ -101,9 +101,10 @@ def _fill(target, draft, tokens):
     return tpool, dpool, hidden, logits
 
 
-def _kv_at(pool, pos):
-    """The draft layer's K and V f32[2, K, D] at position ``pos`` of row 0 (whose table is pages 0..3)."""
-    layer, page, off = pool.layers[0], pos // BLOCK, pos % BLOCK
+def _kv_at(pool, pos, table=(0, 1, 2, 3), block=BLOCK):
+    """The draft layer's K and V f32[2, K, D] at position ``pos`` of the row whose block table is ``table``
+    (default: row 0 of ``_inputs``, pages 0..3)."""
+    layer, page, off = pool.layers[0], table[pos // block], pos % block
     k = layer.k[page, :, :, off] if layer.k_tokens_minor else layer.k[page, off]
     return np.stack([np.asarray(k, np.float32), np.asarray(layer.v[page, off], np.float32)])
 
@@ -217,6 +218,43 @@ def test_engine_with_an_eagle_draft_samples_from_the_target(target, draft):
         pits.append(np.cumsum(pa, 1)[rows, tok] - pa[rows, tok] + rng.random(len(at)) * pa[rows, tok])
     stat, df = chi2_statistic(np.histogram(np.concatenate(pits), bins=20, range=(0, 1))[0], np.full(20, 1 / 20))
     assert stat < chi2_threshold(df), (stat, df)
+
+
+def test_plain_steps_skip_the_eagle_draft_and_rounds_catch_it_up(target, draft):
+    """disable_by_batch_size=3: the batch drains 4 -> 3 -> 2, the first steps run plain without the draft's pass,
+    keeping each decode's feature; the first round of each remaining sequence then runs the draft alone over the
+    positions it skipped. Right after that step the draft's K/V at every position before each sequence's new last
+    token (and at it, when drafted) equal a fill's over the true features; the output is the target's greedy."""
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 16, n).tolist() for n in (3, 5, 4, 6)]
+    max_tokens = [4, 16, 8, 12]
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=GAMMA, disable_by_batch_size=3)
+    llm = LLM.from_params(CONFIG, target, speculative=spec, draft=(*draft, np.arange(CONFIG.vocab_size)), **ENGINE)
+    warm = llm.warmup()  # the catch-up's programs too
+    engine, runner = llm.engine, llm.engine.runner
+    ids = [engine.add_request(p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+           for p, m in zip(prompts, max_tokens)]
+    checked = 0
+    while engine.has_unfinished():
+        caught_up = runner.draft_catch_up_tokens
+        engine.step()
+        if checked or runner.draft_catch_up_tokens == caught_up:
+            continue
+        for seq in engine.scheduler.seqs.values():  # every running sequence: caught up, then one round
+            tokens, held = seq.token_ids, runner._draft_len[seq.seq_id][1]
+            assert held >= len(tokens) - 1, (held, len(tokens))
+            _, ref_pool, _, _ = _fill(target, draft, tokens)
+            table = engine.block_manager.get_block_table(seq.seq_id)
+            for pos in range(held):
+                np.testing.assert_allclose(_kv_at(runner.draft_pool, pos, table, ENGINE["block_size"]),
+                                           _kv_at(ref_pool, pos), atol=2e-5, err_msg=f"position {pos}")
+            checked += 1
+    outs = [engine.finished.pop(i).outputs[0].token_ids for i in ids]
+    assert outs == [row[:m] for row, m in zip(_greedy_oracle(target, prompts), max_tokens)]
+    s = llm.stats()
+    assert checked == 2 and s["spec_plain_steps"] > 0 and s["spec_rounds"] > 0, (checked, s)
+    assert s["spec_draft_catch_up_tokens"] >= 8, s
+    assert s["compilations"] == warm <= runner.num_buckets
 
 
 def test_eagle_generate_in_one_while_loop_gives_the_targets_greedy_tokens(target, draft):
