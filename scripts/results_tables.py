@@ -813,18 +813,18 @@ CLAIMS = (
     Claim("What AMX tiles can do on this CPU, beside the packed GEMM's loop (the bf16 steps' ceilings)",
           (AMX_ROOFLINE,), amx_roofline,
           "`python benchmarks/amx_roofline.py` (`benchmarks/amx_roofline.cc`, no JAX; best of 5-40 repeats) on the "
-          "2-core Intel Xeon VM of the bf16 tables above, load 0.6: the tile multiply peaks at ~2.8 TFLOP/s a thread "
+          "2-core Intel Xeon VM of the bf16 tables above, load 0.6 (figures from three runs within minutes): the tile multiply peaks at ~2.8 TFLOP/s a thread "
           "(~5.8 ns a TDPBF16PS), loads from L1 cost it nothing; tile loads stream memory at the VM's read ceiling "
           "(~30 GB/s with two threads, as `numpy.max`). The packed GEMM's loop (`jaxserve/kernels/cpu/amx.cc`: every "
           "32-row block of x over one 32-column group before the next, the first prefetching 32 KB ahead into L2) "
-          "streams gate/up's weights at 90-95% of that with 32 rows (two threads; one thread keeps up with its stream) but 75-85% with 64, a batch-64 decode step's "
+          "streams gate/up's weights at 88-95% of that with 32 rows (two threads; one thread keeps up with its stream) but 71-81% with 64 (three runs), a batch-64 decode step's "
           "case: its second 32-row pass over each group runs from cache while memory idles (in the engine, gate/up "
           "at 64 rows reads ~22 GB/s, the layers' four GEMMs together ~17). Scratch variants measured this session "
           "and not kept: prefetching the next group over every pass (T0, T1 or T2, 4-64 KB ahead) +0-5%; 16-column "
           "groups read by 4 row tiles at once (each B tile loaded once) no faster; claiming 8-32 smaller chunks a call "
           "instead of one range a thread cut the caller's wait for its helper (9 -> 3 us of ~106 us a call) but not the "
-          "call. At 512 prefill rows the loop reaches ~65% of the tile peak (A tiles from L2), and writing its bf16 "
-          "output [M, N] (a block of 32 rows x 64 bytes a group, 3 KB apart) costs another ~25% (staging a stretch of "
+          "call. At 512 prefill rows the loop reaches 62-65% of the tile peak (A tiles from L2), and writing its bf16 "
+          "output [M, N] (a block of 32 rows x 64 bytes a group, 3 KB apart) costs another 23-27% (staging a stretch of "
           "groups, streaming stores: no faster; prefetching the next block's output lines for writing +5%; splitting K "
           "in chunks of 288 so the weight panel stays in L1 +5%). The engine's 512-row prefill GEMMs run at ~1 "
           "TFLOP/s a thread (56 ms for 109 GFLOP), the probe's loop with its output at ~1.4."),
