@@ -137,7 +137,33 @@ void stream(int threads, const uint16_t* w) {
   emit("stream", threads, "", kBig / s / 1e9, "GB/s");
 }
 
-// amx.cc's pair_sums over a packed weight (groups of K x 32 columns, each K / 32 k blocks of two 16 x 32 B tiles)
+// C 0-3 = rows m0 .. m0 + 31 of x (tiles of 16 x 32 bf16, k blocks KB apart) times packed group gp (amx.cc's
+// pair_sums); prefetch: ask for the stream 32 KB ahead into L2 as it goes (the first block over a group does)
+inline void block_sums(const uint16_t* x, const uint16_t* gp, int KB, int m0, bool prefetch) {
+  const uint16_t* a0 = x + size_t(m0 / 16) * KB * 512;
+  const uint16_t* a1 = a0 + KB * 512;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int kb = 0; kb < KB; ++kb) {
+    const uint16_t* b = gp + kb * 1024;
+    if (prefetch)
+      for (int line = 0; line < 2048; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(b) + 32 * 1024 + line, _MM_HINT_T1);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 512, 64);
+    _tile_loadd(4, a0 + kb * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + kb * 512, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// The packed GEMM's loop over gate/up (groups of K x 32 columns, each K / 32 k blocks of two 16 x 32 B tiles): each
+// thread its range of groups, every 32-row block over a group before the next
 void decode_gemm(int threads, int M, const uint16_t* pool_w) {
   const int K = 576, N = 3072, KB = K / 32, G = N / 32;
   const size_t weight_elems = size_t(K) * N, copies = kBig / (weight_elems * 2);
@@ -150,26 +176,7 @@ void decode_gemm(int threads, int M, const uint16_t* pool_w) {
     for (int g = G * t / n; g < G * (t + 1) / n; ++g) {
       const uint16_t* gp = w + size_t(g) * K * 32;
       for (int m0 = 0; m0 < M; m0 += 32) {
-        const uint16_t* a0 = x + size_t(m0 / 16) * KB * 512;
-        const uint16_t* a1 = a0 + KB * 512;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int kb = 0; kb < KB; ++kb) {
-          const uint16_t* b = gp + kb * 1024;
-          if (m0 == 0)
-            for (int line = 0; line < 2048; line += 64)
-              _mm_prefetch(reinterpret_cast<const char*>(b) + 32 * 1024 + line, _MM_HINT_T1);
-          _tile_loadd(6, b, 64);
-          _tile_loadd(7, b + 512, 64);
-          _tile_loadd(4, a0 + kb * 512, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, a1 + kb * 512, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
+        block_sums(x, gp, KB, m0, m0 == 0);
         _tile_stored(0, sink, 64);
       }
     }
@@ -191,23 +198,7 @@ void prefill_gemm(bool write_bf16) {
     for (int g = 0; g < G; ++g) {
       const uint16_t* gp = w + size_t(g) * K * 32;
       for (int m0 = 0; m0 < M; m0 += 32) {
-        const uint16_t* a0 = x + size_t(m0 / 16) * KB * 512;
-        const uint16_t* a1 = a0 + KB * 512;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int kb = 0; kb < KB; ++kb) {
-          const uint16_t* b = gp + kb * 1024;
-          _tile_loadd(6, b, 64);
-          _tile_loadd(7, b + 512, 64);
-          _tile_loadd(4, a0 + kb * 512, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, a1 + kb * 512, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
+        block_sums(x, gp, KB, m0, false);
         _tile_stored(0, block, 128);
         _tile_stored(1, block + 16, 128);
         _tile_stored(2, block + 512, 128);

@@ -8,7 +8,6 @@ SmolLM2's gate/up weight streamed from memory, and at 512 prefill rows with and 
 Needs a compiler targeting AMX-BF16 (``-march=native`` on a CPU with it) and Linux's permission for the tiles.
 """
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from jaxserve.bench.throughput import git_commit, machine
+from jaxserve.bench.throughput import write_results
 
 SOURCE = pathlib.Path(__file__).with_name("amx_roofline.cc")
 
@@ -35,12 +34,7 @@ def main():
         extra = ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("probe", "threads", "value", "unit"))
         print(f"{r['probe']:13s} {r['threads']} thread(s) {extra:28s} {r['value']:9.1f} {r['unit']}")
     if a.out:
-        meta = {"command": "python benchmarks/amx_roofline.py " + " ".join(sys.argv[1:]),
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "machine": machine(), "git_commit": git_commit(pathlib.Path(__file__).parent),
-                "load_average": f"{os.getloadavg()[0]:.1f} at the end"}
-        pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(a.out).write_text(json.dumps({"meta": meta, "tables": {"probes": rows}}, indent=1))
+        write_results(a.out, "benchmarks/amx_roofline.py", sys.argv[1:], {"probes": rows})
 
 
 if __name__ == "__main__":

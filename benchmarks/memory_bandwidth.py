@@ -10,10 +10,6 @@ against max's 16.8, which an AVX-512 load loop in C matched). Medians (and range
 step streams its weights, so a reading rate is the ceiling a batch-1 step can reach.
 """
 import argparse
-import datetime
-import json
-import os
-import pathlib
 import statistics
 import sys
 import threading
@@ -21,7 +17,7 @@ import time
 
 import numpy as np
 
-from jaxserve.bench.throughput import git_commit, machine
+from jaxserve.bench.throughput import write_results
 
 
 def timed(work, parts: list[tuple], threads: int) -> float:
@@ -57,12 +53,7 @@ def main():
                              gb_s_max=max(rates)))
             print(f"{op:20s} {threads} thread(s): {rows[-1]['gb_s']:.1f} GB/s [{min(rates):.1f}-{max(rates):.1f}]")
     if a.out:
-        meta = {"command": "python benchmarks/memory_bandwidth.py " + " ".join(sys.argv[1:]),
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "machine": machine(), "git_commit": git_commit(pathlib.Path(__file__).parent),
-                "load_average": f"{os.getloadavg()[0]:.1f} at the end"}
-        pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(a.out).write_text(json.dumps({"meta": meta, "tables": {"bandwidth": rows}}, indent=1))
+        write_results(a.out, "benchmarks/memory_bandwidth.py", sys.argv[1:], {"bandwidth": rows})
 
 
 if __name__ == "__main__":

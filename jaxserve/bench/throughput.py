@@ -136,6 +136,18 @@ def git_commit(repo: str | os.PathLike) -> str:
     return commit + ("+dirty" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def write_results(out: str | os.PathLike, script: str, argv: list[str], tables: dict) -> None:
+    """A benchmark script's ``results.json`` at ``out``: its ``tables`` beside the run's meta (command, UTC date,
+    machine, commit, load average), the layout ``scripts/results_tables.py`` reads."""
+    meta = {"command": f"python {script} " + " ".join(argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine(), "git_commit": git_commit(pathlib.Path(__file__).parent),
+            "load_average": f"{os.getloadavg()[0]:.1f} at the end"}
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "tables": tables}, indent=1))
+
+
 def make_record(benchmark: str, backend, model: BenchModel, opts: BenchOptions, dataset: str,
                 requests: list[BenchRequest], runs: list[dict], argv) -> dict:
     """The one JSON schema of ``jaxserve bench throughput`` and ``latency`` (``RECORD_KEYS``, then the last
