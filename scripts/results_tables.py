@@ -824,7 +824,7 @@ CLAIMS = (
           "groups read by 4 row tiles at once (each B tile loaded once) no faster; claiming 8-32 smaller chunks a call "
           "instead of one range a thread cut the caller's wait for its helper (9 -> 3 us of ~106 us a call) but not the "
           "call. At 512 prefill rows the loop reaches 58-65% of the tile peak (A tiles from L2), and writing its bf16 "
-          "output [M, N] (a block of 32 rows x 64 bytes a group, 3 KB apart) costs another 17-27% (staging a stretch of "
+          "output [M, N] (a block of 32 rows x 64 bytes a group, 3 KB apart) costs another 17-30% (staging a stretch of "
           "groups, streaming stores: no faster; prefetching the next block's output lines for writing +5%; splitting K "
           "in chunks of 288 so the weight panel stays in L1 +5%). The engine's 512-row prefill GEMMs run at ~1 "
           "TFLOP/s a thread (56 ms for 109 GFLOP), the probe's loop with its output at ~1.4."),
