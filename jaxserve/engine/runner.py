@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxserve.config import ModelConfig
 from jaxserve.engine import step_programs as programs
-from jaxserve.engine.draft_backlog import FeatureBacklog
+from jaxserve.engine.draft_coverage import DraftCoverage
 from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, SampleRow, collect_samples, pack,
                                       sample_rows, sampling_columns)
 from jaxserve.engine.proposer import DRAFT_POOL_METHODS, HIDDEN_METHODS, Proposer
@@ -154,10 +154,9 @@ class ModelRunner:
             speculative.suffix_max_depth, speculative.suffix_max_cached_requests, speculative.suffix_spec_factor,
             speculative.suffix_min_token_prob)
         self._suffix_seqs: dict[int, object] = {}
-        # draft model, EAGLE: seq_id -> (its Sequence, n): the draft's pool holds the sequence's K/V at positions [0, n)
-        self._draft_len: dict[int, tuple[object, int]] = {}
-        # EAGLE: seq_id -> the draft's inputs at the decode positions it has not run over (plain steps skip it)
-        self._backlog: dict[int, FeatureBacklog] = {}
+        # draft model, EAGLE: which positions the draft's pool holds per sequence, and what a round must catch up
+        self.coverage = (DraftCoverage(eagle=proposer.method == "eagle")
+                         if proposer is not None and proposer.method in DRAFT_POOL_METHODS else None)
         self.draft_catch_up_tokens = 0  # positions the draft ran over alone, after plain steps skipped them
         self.num_compilations = 0
 
@@ -193,8 +192,8 @@ class ModelRunner:
         if rounds:
             result.merge(self._round(rounds, logprobs))
         self._hidden = {k: v for k, v in self._hidden.items() if not v.seq.is_finished}
-        self._draft_len = {k: (seq, n) for k, (seq, n) in self._draft_len.items() if not seq.is_finished}
-        self._backlog = {k: b for k, b in self._backlog.items() if not b.seq.is_finished}
+        if self.coverage is not None:
+            self.coverage.retire()
         return result
 
     def warmup(self) -> int:
@@ -276,16 +275,9 @@ class ModelRunner:
         result = collect_samples(entries, len(rows), toks, lps)
         if not logprobs:
             result.logprobs.clear()
-        if self.proposer.method in DRAFT_POOL_METHODS:
-            self._note_draft_fill(entries, draft_pass=not step.decode_only)
-        if self.proposer.method == "eagle":  # a decode's draft input, kept until the draft has run over it
-            kept = features[: len(entries)].astype(jnp.dtype(self.proposer.config.dtype))
-            for k, e in enumerate(entries):
-                if len(e.token_ids) == 1 and self._draft_len[e.seq_id][1] <= e.start_pos:
-                    backlog = self._backlog.get(e.seq_id)
-                    if backlog is None:
-                        backlog = self._backlog[e.seq_id] = FeatureBacklog(e.seq, e.start_pos)
-                    backlog.record(e.start_pos, kept[k])
+        if self.coverage is not None:  # (an EAGLE draft's features kept in its dtype: what it reads, exactly)
+            self.coverage.after_fill(entries, draft_pass=not step.decode_only, features=None if features is None
+                                     else features[: len(entries)].astype(jnp.dtype(self.proposer.config.dtype)))
         if self.proposer.method in HIDDEN_METHODS:  # the hidden at each entry's last token
             for k, e in enumerate(entries):
                 self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[k])
@@ -303,58 +295,19 @@ class ModelRunner:
         toks, lps, hidden = jax.device_get((toks, lps, hidden))
         return toks[: len(rows)], lps[: len(rows)], hidden
 
-    # ---- the draft model's pool: which positions it holds, and catching it up -----------------
-
-    def _note_draft_fill(self, entries: list[ScheduledSequence], draft_pass: bool) -> None:
-        """After a fill: each entry's target K/V at [start_pos, context) is new (after a preemption, on other
-        blocks), so the draft holds at most [0, start_pos), and also the entry's tokens when the draft ran."""
-        for e in entries:
-            # a sequence first seen here trusts its prefix-cached blocks, which hold the draft's K/V too
-            n = min(self._draft_len.get(e.seq_id, (None, e.start_pos))[1], e.start_pos)
-            self._draft_len[e.seq_id] = (e.seq, e.context_len if draft_pass and n == e.start_pos else n)
+    # ---- the draft's pool: catching it up over what plain steps skipped -------------------------
 
     def _catch_up_draft(self, entries: list[ScheduledSequence]) -> None:
-        """Before a round: the draft alone over each row's positions it does not hold, up to L-1 for a draft model
-        (L = start_pos, the last token's position; ``spec_round`` runs the draft from L-1) or L-1 inclusive for an
-        EAGLE draft (``eagle_round``'s first step runs at L, from the carried feature) reading the features plain
-        steps kept, in packed steps of the mixed shapes, each within the token budget, ``max_num_seqs`` and
-        ``max_num_partial_prefills``, at most one piece of a sequence per step (a piece attends to the ones before
-        it). An EAGLE row missing a feature (a multi-token fill ran while its draft was behind: never in plain
-        decoding) is left as it is: its draft reads stale K/V there, which lowers acceptance, never exactness."""
-        eagle = self.proposer.method == "eagle"
-        todo = []
-        for e in entries:
-            upto = e.start_pos if eagle else e.start_pos - 1
-            # unseen: a fork of a prefilled request, whose shared blocks hold the draft's K/V of the prompt
-            have = self._draft_len.get(e.seq_id, (None, upto))[1]
-            if have < upto and (not eagle or self._backlog_span(e.seq_id, have, upto) is not None):
-                todo.append([e, have, upto])
-        max_tokens = self.buckets.token_buckets[-1]
+        """Before a round: the draft alone over each row's positions it does not hold (``DraftCoverage.catch_up``),
+        in packed steps of the mixed shapes, each within the token budget, ``max_num_seqs`` and
+        ``max_num_partial_prefills``."""
         max_entries = min(self.max_num_seqs, self.max_chunks or self.max_num_seqs)
-        while todo:
-            pieces, feats, budget = [], [], max_tokens
-            for item in todo[:max_entries]:
-                (e, have, upto), n = item, min(item[2] - item[1], budget)
-                if n == 0:
-                    break
-                pieces.append(_piece(e, have, n, self.block_size))
-                if eagle:
-                    feats += self._backlog_span(e.seq_id, have, have + n)
-                item[1], budget = have + n, budget - n
-            num_tokens = max_tokens - budget
+        for plan in self.coverage.catch_up(entries, self.buckets.token_buckets[-1], max_entries):
+            pieces = [_piece(e, start, n, self.block_size) for e, start, n, _ in plan]
+            num_tokens = sum(n for _, _, n, _ in plan)
             step = pack(pieces, *self.buckets.step(pieces, num_tokens, allow_decode=False))
-            self._run_catch_up(step, feats)
+            self._run_catch_up(step, [f for *_, feats in plan for f in feats or ()])
             self.draft_catch_up_tokens += num_tokens
-            todo = [item for item in todo if item[1] < item[2]]
-        for e in entries:
-            upto = e.start_pos if eagle else e.start_pos - 1
-            self._draft_len[e.seq_id] = (e.seq, max(upto, self._draft_len.get(e.seq_id, (None, upto))[1]))
-            if eagle and e.seq_id in self._backlog:
-                self._backlog[e.seq_id].drop_before(upto)
-
-    def _backlog_span(self, seq_id: int, lo: int, hi: int) -> list[np.ndarray] | None:
-        backlog = self._backlog.get(seq_id)
-        return None if backlog is None else backlog.span(lo, hi)
 
     def _run_catch_up(self, step: PackedStep, features: list[np.ndarray] = ()) -> None:
         """The draft over a catch-up step's packed tokens; an EAGLE draft reads ``features`` (one per token, in
@@ -387,9 +340,9 @@ class ModelRunner:
         for i, e in enumerate(entries):
             n = int(num_accepted[i])
             if self.proposer.method == "draft_model":  # the next round's L is start_pos + n + 1 (spec_round's)
-                self._draft_len[e.seq_id] = (e.seq, e.start_pos + n)
+                self.coverage.after_round(e, e.start_pos + n)
             elif self.proposer.method == "eagle":  # [0, L + n + 1), and L + n + 1 when drafted (eagle_round's)
-                self._draft_len[e.seq_id] = (e.seq, e.start_pos + n + 1 + (n < self.gamma))
+                self.coverage.after_round(e, e.start_pos + n + 1 + (n < self.gamma))
             result.sampled[e.seq_id] = toks[i, :n + 1].tolist()
             if logprobs:
                 result.logprobs[(e.request_id, e.index)] = lps[i, :n + 1].tolist()

@@ -241,7 +241,7 @@ def test_plain_steps_skip_the_eagle_draft_and_rounds_catch_it_up(target, draft):
         if checked or runner.draft_catch_up_tokens == caught_up:
             continue
         for seq in engine.scheduler.seqs.values():  # every running sequence: caught up, then one round
-            tokens, held = seq.token_ids, runner._draft_len[seq.seq_id][1]
+            tokens, held = seq.token_ids, runner.coverage.held(seq.seq_id, -1)
             assert held >= len(tokens) - 1, (held, len(tokens))
             _, ref_pool, _, _ = _fill(target, draft, tokens)
             table = engine.block_manager.get_block_table(seq.seq_id)
