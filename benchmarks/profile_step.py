@@ -9,7 +9,10 @@ the numbers stripped (``fusion.123`` and ``fusion.7`` count as ``fusion``; a cus
 reported as milliseconds per engine step, summed over threads (two threads each busy 1 ms count 2 ms), beside the
 run's wall-clock step time; then the decode steps' custom calls by their place in a layer (SmolLM2 bf16 on AMX: the
 fused q/k/v GEMM, attention, o, gate/up with its SiLU, down) and the LM head, with the other thunks inside those
-steps (thunks nest: a ``cond`` counts the calls of its branch, e.g. the greedy head). Workloads as compare.py's: batch64 (64 requests 64 -> 128), batch1, sharegpt.
+steps (thunks nest: a ``cond`` counts the calls of its branch, e.g. the greedy head); last, the host's share of a
+step (``host_share``: the time no program ran, and how much of it the jitted calls spent before their program
+started; tracing slows the Python side, so these read high). Workloads as compare.py's: batch64 (64 requests
+64 -> 128), batch1, sharegpt.
 """
 import argparse
 import bisect
@@ -88,6 +91,30 @@ def per_layer(events: list[dict], num_layers: int) -> tuple[int, dict]:
     return kept, {k: v / kept / 1e3 for k, v in totals.most_common()}
 
 
+def host_share(events: list[dict]) -> dict:
+    """Per engine step, the milliseconds the device program was not running: the step's span (the engine's
+    ``step`` Python event) less its programs' execution (XLA's "ThunkExecutor::Execute (wait for completion)"
+    spans inside it), and the part of that spent in jitted calls before their program started (a ``PjitFunction``
+    span up to the first execution inside it: dispatch, which runs on the host before the device starts)."""
+    starts = [e["ts"] for e in events]
+    inside = lambda span: events[bisect.bisect_left(starts, span["ts"]):  # noqa: E731
+                                 bisect.bisect_right(starts, span["ts"] + span["dur"])]
+    steps = [e for e in events if e["name"].startswith("$") and "llm_engine.py" in e["name"]
+             and e["name"].endswith(" step")]
+    if not steps:
+        return {}
+    host = dispatch = 0.0
+    for step in steps:
+        within = inside(step)
+        runs = [e for e in within if e["name"] == "ThunkExecutor::Execute (wait for completion)"]
+        host += step["dur"] - sum(e["dur"] for e in runs)
+        for call in (e for e in within if e["name"].startswith("PjitFunction(")):
+            first = next((e["ts"] for e in runs if e["ts"] >= call["ts"]), call["ts"] + call["dur"])
+            dispatch += min(first, call["ts"] + call["dur"]) - call["ts"]
+    return {"host ms a step (device program not running)": host / len(steps) / 1e3,
+            "of which jitted calls before their program started": dispatch / len(steps) / 1e3}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -114,6 +141,7 @@ def main():
         events = trace_events(trace_dir)
         rows = summarize(events, traced["steps"])
         kept, layer_rows = per_layer(events, model.config.num_layers)
+        host = host_share(events)
     step_ms = 1e3 * plain["elapsed_s"] / plain["steps"]
     print(f"{args.model} {args.dtype} {args.workload}: {plain['steps']} steps, {step_ms:.1f} ms a step untraced, "
           f"{1e3 * traced_s / traced['steps']:.1f} traced; {plain['output_tokens'] / plain['elapsed_s']:.0f} tok/s")
@@ -123,11 +151,14 @@ def main():
     print(f"\ndecode steps with the usual custom calls ({kept}), ms a step summed over the layers:")
     for kind, ms in list(layer_rows.items())[:args.top]:
         print(f"{kind[:60]:60s} {ms:8.2f}")
+    print()
+    for kind, ms in host.items():
+        print(f"{kind[:60]:60s} {ms:8.2f}")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(
             {"command": "python benchmarks/profile_step.py " + " ".join(sys.argv[1:]), "step_ms": step_ms,
              "rows": [{"kind": k, "ms_per_step": ms, "calls_per_step": c} for k, ms, c in rows],
-             "decode_steps_kept": kept, "per_layer_ms_per_step": layer_rows}, indent=1))
+             "decode_steps_kept": kept, "per_layer_ms_per_step": layer_rows, "host_ms_per_step": host}, indent=1))
 
 
 if __name__ == "__main__":
