@@ -1128,7 +1128,7 @@ CLAIMS = (
           "four running sequences already switch it off) at 0.94–0.98×, its plain steps running the draft's pass. "
           "The last rows (`EAGLE's plain steps skip its draft too`, 741e6d6: a plain decode step of an EAGLE engine "
           "runs the target alone, the runner keeps each skipped position's feature and the sequence's next round "
-          "first runs the draft over them, `eagle_catch_up`, as the draft model's rounds catch up; idle AMX Xeon, "
+          "first runs the draft over them, `draft_catch_up` (a draft model's catch-up, reading the kept features); idle AMX Xeon, "
           "load 1.4, every proposer with `by_batch:4` at batch 16, up to 160 tokens to EOS, fastest of 5): 805 of "
           "810–815 steps plain; EAGLE **1.01×** (was 0.95×), draft model 0.95×, n-gram 0.97×, suffix 0.99×, "
           "against baselines of 583–649 tok/s for the same plain engine (±5% within the run); outputs identical to "

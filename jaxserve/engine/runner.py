@@ -211,7 +211,8 @@ class ModelRunner:
                 self._run_plain(pack([WARMUP_READER], *shape), [], False, False)
         else:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
-                self._run_fill(pack([WARMUP_READER], *shape), [], False)
+                step = pack([WARMUP_READER], *shape)
+                self._run_fill(step, [], False, self._entry_features(step, []))
             for shape in self.buckets.mixed_shapes() if self._catches_up else []:
                 self._run_catch_up(pack([WARMUP_READER], *shape))
             for b, m in self.buckets.round_shapes():
@@ -265,12 +266,8 @@ class ModelRunner:
     def _fill(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
         shape = self.buckets.step(entries, sum(len(e.token_ids) for e in entries), allow_decode=self.plain_decodes)
         rows = sample_rows(entries)
-        step, features = pack(entries, *shape), None
-        if self.proposer.method == "eagle":  # each entry's first token reads the feature its last step left
-            features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
-            for k, e in enumerate(entries):
-                if e.start_pos > 0:  # position 0 reads zeros, also when a preempted sequence starts again
-                    features[k] = self._carried_hidden(e.seq)
+        step = pack(entries, *shape)
+        features = self._entry_features(step, entries)
         toks, lps, hidden = self._run_fill(step, rows, logprobs, features)
         result = collect_samples(entries, len(rows), toks, lps)
         if not logprobs:
@@ -283,11 +280,20 @@ class ModelRunner:
                 self._hidden[e.seq_id] = CarriedHidden(e.seq, hidden[k])
         return result
 
-    def _run_fill(self, step: PackedStep, rows, logprobs: bool, features=None) -> tuple[np.ndarray, ...]:
-        """``features`` f32[len(step.last), E] (EAGLE): the feature each entry's first token reads (else None)."""
+    def _entry_features(self, step: PackedStep, entries) -> np.ndarray | None:
+        """EAGLE: the feature each entry's first token reads f32[len(step.last), E], the hidden its last step left
+        (zeros at position 0, also when a preempted sequence starts again, and for padding entries); else None."""
+        if self.proposer.method != "eagle":
+            return None
+        features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
+        for k, e in enumerate(entries):
+            if e.start_pos > 0:
+                features[k] = self._carried_hidden(e.seq)
+        return features
+
+    def _run_fill(self, step: PackedStep, rows, logprobs: bool, features) -> tuple[np.ndarray, ...]:
+        """``features``: ``_entry_features``'."""
         sbatch, sample_entry = self._sampling(rows, self.max_num_seqs)
-        if self.proposer.method == "eagle" and features is None:
-            features = np.zeros((step.last.shape[0], self.config.hidden_size), np.float32)
         toks, lps, hidden, self.pool, self.draft_pool = self._counted(
             programs.fill_step, self.params, self.proposer.params, self.pool, self.draft_pool, step.tokens,
             step.positions, self._metadata(step), step.last, sample_entry, sbatch, np.bool_(logprobs), features,
@@ -312,20 +318,16 @@ class ModelRunner:
     def _run_catch_up(self, step: PackedStep, features: list[np.ndarray] = ()) -> None:
         """The draft over a catch-up step's packed tokens; an EAGLE draft reads ``features`` (one per token, in
         packing order)."""
-        meta = self._metadata(step)
-        if self.proposer.method != "eagle":
-            self.draft_pool = self._counted(programs.draft_catch_up, self.proposer.params, self.draft_pool,
-                                            step.tokens, step.positions, meta, proposer_config=self.proposer.config,
-                                            attention_impl=self.attention_impl, layout=self.layout)
-            return
-        dtype = jnp.dtype(self.proposer.config.dtype)
-        feats = np.zeros((step.tokens.shape[0], self.config.hidden_size), dtype)
-        if len(features):
-            feats[: len(features)] = np.stack(features)
-        self.draft_pool = self._counted(programs.eagle_catch_up, self.proposer.params, self.params, self.draft_pool,
-                                        step.tokens, step.positions, feats, meta,
-                                        proposer_config=self.proposer.config, target_config=self.config,
-                                        attention_impl=self.attention_impl, layout=self.layout)
+        feats = None
+        if self.proposer.method == "eagle":
+            feats = np.zeros((step.tokens.shape[0], self.config.hidden_size), jnp.dtype(self.proposer.config.dtype))
+            if len(features):
+                feats[: len(features)] = np.stack(features)
+        self.draft_pool = self._counted(programs.draft_catch_up, self.proposer.params, self.params, self.draft_pool,
+                                        step.tokens, step.positions, self._metadata(step), feats,
+                                        method=self.proposer.method, proposer_config=self.proposer.config,
+                                        target_config=self.config, attention_impl=self.attention_impl,
+                                        layout=self.layout)
 
     # ---- speculative rounds: one round for every decode with lookahead --------------------------
 

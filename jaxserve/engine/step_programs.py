@@ -123,9 +123,8 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
               meta, last, sample_entry, sbatch, want_logprobs, entry_features=None, *, target_config, proposer_config,
               method: str, attention_impl: str, quant=None, layout=None, draft_pass: bool = True):
     """Target pass (+ its hidden for Medusa and EAGLE) and, with ``draft_pass``, the draft's pass over the same
-    packed tokens, so the draft's pool covers what the target's does (a plain decode step skips it: a draft model's
-    is caught up by ``draft_catch_up`` before the sequence's next round, an EAGLE draft's by ``eagle_catch_up`` from
-    the features the runner kept); samples rows and returns their tokens' log-probabilities
+    packed tokens, so the draft's pool covers what the target's does (a plain decode step skips it: ``draft_catch_up``
+    runs it before the sequence's next round, an EAGLE draft from the features the runner kept); samples rows and returns their tokens' log-probabilities
     under the raw logits (NaN unless ``want_logprobs``, a traced bool, as in ``plain_step``), and the target's
     hidden f32[R', E] at each entry's last token (Medusa, EAGLE; else zeros). ``entry_features`` f32[R', E]
     (EAGLE): the hidden before each entry's first token (``jaxserve.speculative.eagle_round.fill_features``).
@@ -146,7 +145,7 @@ def fill_step(target_params, proposer_params, target_pool: KVPool, draft_pool: K
             out, hidden, target_pool = forward_with_hidden(target_params, target_config, tokens, positions,
                                                            target_pool, meta, attention_impl=attention_impl,
                                                            logits_indices=last, layout=layout, hidden_only=hidden_only)
-            hidden = hidden.astype(jnp.float32) if method == "eagle" else hidden
+            hidden = hidden.astype(jnp.float32)
         else:
             out, target_pool = forward(target_params, target_config, tokens, positions, target_pool, meta,
                                        attention_impl=attention_impl, logits_indices=last, layout=layout,
@@ -197,28 +196,22 @@ def round_step(target_params, proposer_params, target_pool: KVPool, draft_pool: 
         return _on_mesh(layout, (r.tokens, r.num_accepted, logprobs, hidden), r.target_pool, draft_pool)
 
 
-@functools.partial(jax.jit, static_argnames=("proposer_config", "attention_impl", "layout"),
+@functools.partial(jax.jit, static_argnames=("method", "proposer_config", "target_config", "attention_impl", "layout"),
                    donate_argnames=("draft_pool",))
-def draft_catch_up(proposer_params, draft_pool: KVPool, tokens, positions, meta, *, proposer_config,
-                   attention_impl: str, layout=None) -> KVPool:
-    """The draft model alone over packed tokens (the positions plain decode steps did not run it over): its pool.
-    Its logits are never read (XLA drops the head; one row is asked for in case it did not)."""
+def draft_catch_up(proposer_params, target_params, draft_pool: KVPool, tokens, positions, meta, features=None, *,
+                   method: str, proposer_config, target_config, attention_impl: str, layout=None) -> KVPool:
+    """The draft alone over packed tokens i32[T] (the positions plain decode steps did not run it over): its pool, as
+    the skipped fills would have left it. A draft model reads the tokens only (its logits are never read: XLA drops
+    the head; one row is asked for in case it did not); an EAGLE draft (``method``) also each token's feature
+    f32[T, E], the target's hidden before it, which the runner kept from those steps."""
     TRACES[0] += 1
-    _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
-                            attention_impl=attention_impl, logits_indices=jnp.zeros(1, jnp.int32))
-    return draft_pool if layout is None else layout.replicate(draft_pool)
-
-
-@functools.partial(jax.jit, static_argnames=("proposer_config", "target_config", "attention_impl", "layout"),
-                   donate_argnames=("draft_pool",))
-def eagle_catch_up(proposer_params, target_params, draft_pool: KVPool, tokens, positions, features, meta, *,
-                   proposer_config, target_config, attention_impl: str, layout=None) -> KVPool:
-    """The EAGLE draft alone over packed tokens i32[T] at the positions plain decode steps did not run it over, each
-    reading its feature f32[T, E] (the target's hidden before it, kept by the runner from those steps): its pool, as
-    the skipped fills would have left it."""
-    TRACES[0] += 1
-    _, draft_pool = draft_hidden(proposer_params, proposer_config, target_embed(target_params, target_config, tokens),
-                                 features, positions, draft_pool, meta, attention_impl)
+    if method == "eagle":
+        _, draft_pool = draft_hidden(proposer_params, proposer_config,
+                                     target_embed(target_params, target_config, tokens), features, positions,
+                                     draft_pool, meta, attention_impl)
+    else:
+        _, draft_pool = forward(proposer_params, proposer_config, tokens, positions, draft_pool, meta,
+                                attention_impl=attention_impl, logits_indices=jnp.zeros(1, jnp.int32))
     return draft_pool if layout is None else layout.replicate(draft_pool)
 
 

@@ -21,7 +21,7 @@ entry, the entry's first token reading the true feature carried from the entry's
 position 0, or when it is not known: a prefix-cache hit); a fill leaves its rows not drafted. A plain decode step
 of an engine whose policy switched speculation off skips the draft; the runner keeps each such token's feature
 (``jaxserve.engine.draft_coverage``) and runs the draft over them before the sequence's next round
-(``step_programs.eagle_catch_up``), which leaves the draft's pool as those fills would have.
+(``step_programs.draft_catch_up``), which leaves the draft's pool as those fills would have.
 """
 from __future__ import annotations
 
