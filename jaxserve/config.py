@@ -202,6 +202,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     # sequences running more than one token in a step (prefill chunks); bounds a mixed step's attention work
     max_num_partial_prefills: int = 8
+    # decode steps one device program runs when every running sequence decodes (vLLM's num_scheduler_steps): the
+    # dispatch and host work of a step are paid once per K tokens; 1: one step a program. Not with speculative
+    # decoding (a round already emits several tokens a program)
+    num_scheduler_steps: int = 1
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     # auto (pallas on GPU, xla elsewhere) | pallas | mosaic (Hopper decode kernel, GPU only) | xla | reference
@@ -246,7 +250,7 @@ class EngineConfig:
     def __post_init__(self):
         _check_engine_types(self)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
-                     "kv_cache_bytes", "tensor_parallel_size", "data_parallel_size"):
+                     "kv_cache_bytes", "tensor_parallel_size", "data_parallel_size", "num_scheduler_steps"):
             _require(getattr(self, name) > 0, f"EngineConfig.{name} must be > 0, got {getattr(self, name)}")
         _require(self.num_kv_blocks is None or self.num_kv_blocks > 0,
                  f"EngineConfig.num_kv_blocks must be > 0 or None, got {self.num_kv_blocks}")
@@ -295,7 +299,7 @@ def _check_engine_types(ec: EngineConfig) -> None:
     """Integers are ints and flags bools (TypeError naming the field); ranges are checked after."""
     from jaxserve.validation import check_bool, check_int
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_partial_prefills",
-                 "kv_cache_bytes", "seed", "tensor_parallel_size", "data_parallel_size"):
+                 "kv_cache_bytes", "seed", "tensor_parallel_size", "data_parallel_size", "num_scheduler_steps"):
         check_int(f"EngineConfig.{name}", getattr(ec, name))
     for name in ("num_kv_blocks", "max_model_len"):
         check_int(f"EngineConfig.{name}", getattr(ec, name), optional=True)

@@ -117,7 +117,8 @@ class LLM:
                     ids.append(engine.add_request(p, sp))
                 with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
                     while engine.has_unfinished():
-                        done = sum(t.finished for t in engine.step())
+                        # (a step may produce several tokens, or samples, of a request that finished)
+                        done = len({t.request_id for t in engine.step() if t.finished})
                         bar.update(done)
                 return [engine.finished.pop(i) for i in ids]
             except BaseException:

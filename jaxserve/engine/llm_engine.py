@@ -58,6 +58,9 @@ class LLMEngine:
         if speculative is not None and ec.max_num_batched_tokens < 1 + speculative.gamma:
             raise ValueError(f"max_num_batched_tokens={ec.max_num_batched_tokens} leaves no room for a speculative "
                              f"round of 1 + {speculative.gamma} tokens")
+        if speculative is not None and ec.num_scheduler_steps > 1:
+            raise ValueError(f"EngineConfig.num_scheduler_steps={ec.num_scheduler_steps} cannot be combined with "
+                             "speculative decoding (its rounds already emit several tokens a program): use 1")
         self.config, self.engine_config, self.tokenizer = config, ec, tokenizer
         # the device mesh: every size checked against the model and the visible devices before anything is built
         layout = make_layout(config, ec.tensor_parallel_size, ec.data_parallel_size, ec.enable_expert_parallel,
@@ -106,7 +109,8 @@ class LLMEngine:
                                    max_model_len=self.max_model_len, admission=admission, eos_token_id=eos,
                                    num_lookahead_slots=speculative.gamma if speculative else 0,
                                    max_num_partial_prefills=ec.max_num_partial_prefills,
-                                   speculation_policy=self.spec_policy)
+                                   speculation_policy=self.spec_policy,
+                                   num_scheduler_steps=ec.num_scheduler_steps)
         quant = None
         if ec.quantization is not None:  # weight-only post-training quantization, once, on the host
             params = quantize_params(params, ec.quantization, lm_head=ec.quantize_lm_head)
@@ -117,7 +121,8 @@ class LLMEngine:
                                   router_state=router_state, max_num_partial_prefills=ec.max_num_partial_prefills,
                                   speculative=speculative, proposer=proposer if speculative else None,
                                   layout=layout, weight_layout=ec.weight_layout,
-                                  lm_head_quantization=ec.lm_head_quantization)
+                                  lm_head_quantization=ec.lm_head_quantization,
+                                  num_scheduler_steps=ec.num_scheduler_steps)
         self.speculative = speculative
         self.spec_stats = None if speculative is None else SpeculativeStats(proposer.method, speculative.gamma)
         self._rng = np.random.default_rng(ec.seed)

@@ -93,9 +93,11 @@ class ModelRunner:
                  attention_impl: str = "auto", quant=None, router_state: dict | None = None,
                  max_num_partial_prefills: int | None = None, speculative: SpeculativeConfig | None = None,
                  proposer: Proposer | None = None, layout: Layout | None = None, weight_layout: str = "auto",
-                 lm_head_quantization: str | None = None):
+                 lm_head_quantization: str | None = None, num_scheduler_steps: int = 1):
         if (speculative is None) != (proposer is None):
             raise ValueError("speculative and proposer come together (both None for a plain runner)")
+        if num_scheduler_steps < 1 or (num_scheduler_steps > 1 and speculative is not None):
+            raise ValueError(f"num_scheduler_steps={num_scheduler_steps} must be >= 1, and 1 with speculative decoding")
         # a mesh: config and params as the layout runs them (KV heads replicated up to T), placed by the rule table
         self.layout = layout
         if layout is not None:
@@ -119,6 +121,7 @@ class ModelRunner:
         self.attention_impl = attention_impl
         self.quant = quant  # jaxserve.quant.MatmulSettings when params hold QuantizedTensors
         self.speculative = speculative
+        self.num_scheduler_steps = num_scheduler_steps  # K: a multi-step decode's steps (``_multi_step``)
         self.gamma = speculative.gamma if speculative else 0
         # a step the speculation policy ran plain: its decodes run the fill program in decode shapes (B, not
         # max_num_seqs x the smallest token bucket), what a plain engine's decode step costs (a draft model's or
@@ -164,6 +167,7 @@ class ModelRunner:
     def num_buckets(self) -> int:
         """Upper bound on distinct step programs (plus the copy program)."""
         return self.buckets.num_programs(self.speculative is not None) + \
+            (len(self.buckets.decode_shapes()) if self.num_scheduler_steps > 1 else 0) + \
             (len(self.buckets.decode_shapes()) if self.plain_decodes else 0) + \
             (len(self.buckets.mixed_shapes()) if self._catches_up else 0) + \
             (len(self.buckets.round_shapes()) if self.proposer and self.proposer.method == "eagle" else 0) + \
@@ -209,6 +213,8 @@ class ModelRunner:
         if self.speculative is None:
             for shape in self.buckets.decode_shapes() + self.buckets.mixed_shapes():
                 self._run_plain(pack([WARMUP_READER], *shape), [], False, False)
+            for shape in self.buckets.decode_shapes() if self.num_scheduler_steps > 1 else []:
+                self._run_multi_step([WARMUP_READER], pack([WARMUP_READER], *shape), [], False)
         else:
             for shape in self.buckets.mixed_shapes() + (self.buckets.decode_shapes() if self.plain_decodes else []):
                 step = pack([WARMUP_READER], *shape)
@@ -228,6 +234,9 @@ class ModelRunner:
 
     def _plain(self, entries: list[ScheduledSequence], num_batched_tokens: int, top_logprobs: bool,
                logprobs: bool) -> RunnerOutput:
+        # (beam search's top candidates come from single steps: a multi-step's entries then emit one token each)
+        if not top_logprobs and any(e.num_lookahead for e in entries):
+            return self._multi_step(entries, logprobs)
         rows = sample_rows(entries)
         toks, lps, top_lps, top_ids = self._run_plain(pack(entries, *self.buckets.step(entries, num_batched_tokens)),
                                                       rows, top_logprobs, logprobs)
@@ -243,6 +252,43 @@ class ModelRunner:
         args, kwargs = self._plain_args(step, rows, top_logprobs, logprobs)
         results, self.pool = self._counted(programs.plain_step, *args, **kwargs)
         return tuple(r[: len(rows)] for r in fetch(results))
+
+    def _multi_step(self, entries: list[ScheduledSequence], logprobs: bool) -> RunnerOutput:
+        """A decode step whose entries the scheduler gave further steps (``num_lookahead``, multi-step decoding)
+        runs ``num_scheduler_steps`` of them in one program (``step_programs.multi_step``); each entry keeps its
+        first 1 + num_lookahead tokens, which ``Scheduler.update`` takes as a round's."""
+        step = pack(entries, *self.buckets.step(entries, len(entries)))
+        rows = sample_rows(entries)
+        toks, lps = self._run_multi_step(entries, step, rows, logprobs)
+        result = RunnerOutput(target_rows=sum(1 + e.num_lookahead for e in entries))
+        for i, e in enumerate(entries):
+            result.sampled[e.seq_id] = toks[: 1 + e.num_lookahead, i].tolist()
+            if logprobs:
+                result.logprobs[(e.request_id, e.index)] = lps[: 1 + e.num_lookahead, i].tolist()
+        return result
+
+    def _run_multi_step(self, entries, step: PackedStep, rows, logprobs: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``multi_step`` over a decode-only ``step`` of ``entries`` (one draw each): tokens i32[K, R] and their
+        log-probs f32[K, R]. Step k runs entry i at ``start_pos + min(k, num_lookahead)``: a row past its last step
+        repeats it, writing nowhere, and reads only the slots its table covers."""
+        if not step.decode_only or len(rows) not in (0, len(entries)):  # (none: warm-up)
+            raise RuntimeError("a multi-step decode runs one token and one draw per sequence")
+        k, b, bs = self.num_scheduler_steps, step.tables.shape[0], self.block_size
+        positions, context = np.tile(step.positions, (k, 1)), np.tile(step.context, (k, 1))
+        slots = np.full((k, b), -1, np.int32)
+        slots[0] = step.slots
+        for i, e in enumerate(entries):
+            ahead = np.minimum(np.arange(k), e.num_lookahead)
+            positions[:, i], context[:, i] = e.start_pos + ahead, e.start_pos + 1 + ahead
+            slots[1: 1 + e.num_lookahead, i] = [e.block_table[p // bs] * bs + p % bs
+                                                for p in range(e.start_pos + 1, e.start_pos + 1 + e.num_lookahead)]
+        sbatch, sample_entry = self._sampling(rows, b)
+        results, self.pool = self._counted(
+            programs.multi_step, self.params, self.pool, step.tokens, positions, slots, context, self._metadata(step),
+            step.last, sample_entry, sbatch, np.bool_(logprobs), self.router_state, config=self.config,
+            attention_impl=self.attention_impl, quant=self.quant, layout=self.layout)
+        toks, lps = fetch(results)
+        return toks[:, : len(rows)], lps[:, : len(rows)]
 
     def _plain_args(self, step: PackedStep, rows, top_logprobs: bool, logprobs: bool) -> tuple[tuple, dict]:
         sbatch, sample_entry = self._sampling(rows, step.tables.shape[0])

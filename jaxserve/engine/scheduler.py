@@ -40,6 +40,14 @@ finishing token, and gives the unused lookahead slots back (rollback is lengths 
 ``speculation_policy`` (``jaxserve.engine.spec_policy``) may withhold the slots for a whole step
 (every decode then runs plain): it is asked once per step with the number of decoding sequences and
 of running ones (prefilling too).
+
+Multi-step decoding (``num_scheduler_steps`` = K > 1, vLLM's knob of that name): a step in which every running
+sequence decodes and no waiting one could take a seat runs K decode steps in one device program, so the
+dispatch and this scheduler's work are paid once per K tokens. Each decode gets ``num_lookahead`` = up to K - 1
+slots (fewer when it has fewer tokens left; none when the pool is short, never a preemption for them) and
+``update`` takes its 1..K tokens as a round's (each after the first follows one whose K/V the step wrote), cut
+at the first that finishes it. The lookahead is not charged to the token budget: each of the K passes runs one
+token per sequence. A step with a prefill, or waiting work that could be admitted, runs one step as before.
 """
 from __future__ import annotations
 
@@ -91,7 +99,9 @@ class ScheduledSequence:
     sample: bool  # sample a token from the last position's logits after this step
     num_samples: int  # tokens to draw when sample (n at the end of an n>1 prefill, else 1)
     sampling_params: Any
-    num_lookahead: int = 0  # speculative slots past token_ids (block_table covers them); 0: plain step
+    # slots past token_ids (block_table covers them): a speculative round's γ, or a multi-step decode's further
+    # steps; 0: one plain step
+    num_lookahead: int = 0
     seed: int = 0  # the request's RNG seed (per-sample streams come from seed, index and position)
     seq: Sequence | None = None  # the sequence itself: speculative rounds read its history
 
@@ -126,7 +136,12 @@ class Scheduler:
                  admission: Admission | None = None,
                  eos_token_id: int | None = None, enable_chunked_prefill: bool = True,
                  num_lookahead_slots: int = 0, max_num_partial_prefills: int | None = None,
-                 speculation_policy: Any = None):
+                 speculation_policy: Any = None, num_scheduler_steps: int = 1):
+        if num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps={num_scheduler_steps} must be >= 1")
+        if num_scheduler_steps > 1 and num_lookahead_slots:
+            raise ValueError(f"num_scheduler_steps={num_scheduler_steps} and num_lookahead_slots="
+                             f"{num_lookahead_slots} (speculative decoding) cannot be combined")
         if min(max_num_seqs, max_num_batched_tokens, max_model_len) < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}, max_num_batched_tokens="
                              f"{max_num_batched_tokens}, max_model_len={max_model_len} must be >= 1")
@@ -145,6 +160,7 @@ class Scheduler:
         self.num_lookahead_slots = num_lookahead_slots
         self.policy = speculation_policy  # .speculate(num_decodes, num_running) -> bool; None: always
         self._speculate = True  # this step's decision
+        self.num_scheduler_steps = num_scheduler_steps
         self.max_num_partial_prefills = max_num_partial_prefills or max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -210,6 +226,7 @@ class Scheduler:
         if self.num_lookahead_slots and self.policy is not None:
             decodes = sum(self._is_decode(s) for s in self.running)
             self._speculate = not decodes or self.policy.speculate(decodes, len(self.running))
+        multi_step = self._multi_step()
         i = 0
         while i < len(self.running) and budget > 0 and len(scheduled) < self.max_num_seqs:
             seq = self.running[i]
@@ -218,13 +235,17 @@ class Scheduler:
                 i += 1  # its chunk waits a step; the decodes behind it still run
                 continue
             chunks += n > 1
-            look = self._lookahead(seq, n, budget)
-            cow = self._append_or_preempt(seq, n + look, preempted)
+            if multi_step:
+                look, cow = self._steps_ahead(seq)
+                cow = cow if look else self._append_or_preempt(seq, n, preempted)
+            else:
+                look = self._lookahead(seq, n, budget)
+                cow = self._append_or_preempt(seq, n + look, preempted)
             if cow is None:  # seq preempted itself: nothing newer is left to schedule
                 break
             copies += cow
             scheduled.append((seq, n, look))
-            budget -= n + look
+            budget -= n + (0 if multi_step else look)
             i += 1
 
         # Admitting new work right after a preemption would just thrash (unless nothing runs).
@@ -386,6 +407,26 @@ class Scheduler:
         k = self.num_lookahead_slots if self._speculate else 0
         decode = n == 1 and self._is_decode(seq) and self._final_len(seq.request) - seq.num_tokens > 1
         return k if k and decode and budget >= n + k else 0
+
+    def _multi_step(self) -> bool:
+        """Whether this step runs ``num_scheduler_steps`` decode steps: every running sequence decodes, and the
+        first waiting one (if any) has no seat to take (new work is never held back by a multi-step)."""
+        if self.num_scheduler_steps == 1 or not self.running or not all(map(self._is_decode, self.running)):
+            return False
+        if not self.waiting:
+            return True
+        return sum(map(self._seats, self.running)) + self._seats(self.waiting[0]) > self.max_num_seqs
+
+    def _steps_ahead(self, seq: Sequence) -> tuple[int, list[tuple[int, int]]]:
+        """A multi-step decode's lookahead (its further steps, up to K - 1, one fewer than the tokens it has
+        left) and the copies taking slots for them cost; (0, []) with nothing taken if the pool is short."""
+        look = min(self.num_scheduler_steps - 1, self._final_len(seq.request) - seq.num_tokens - 1)
+        if look <= 0:
+            return 0, []
+        try:
+            return look, self.bm.append_slots(seq.seq_id, 1 + look)
+        except NoFreeBlocksError:
+            return 0, []
 
     @staticmethod
     def _is_decode(seq: Sequence) -> bool:

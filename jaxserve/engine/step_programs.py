@@ -1,4 +1,4 @@
-"""The runner's jitted step programs: plain step, speculative fill, speculative round, the draft's catch-up (a
+"""The runner's jitted step programs: plain step, multi-step decode, speculative fill, speculative round, the draft's catch-up (a
 draft model's, an EAGLE draft's), block copy.
 
 Axis names: T packed tokens, B sequences, R sample rows, G draft tokens (γ), V vocabulary, E hidden size.
@@ -46,6 +46,39 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
     ``layout`` (a ``jaxserve.parallel.layout.Layout``): the mesh params and pool live on; the pool
     stays sharded as it came in, and the results come back replicated."""
     TRACES[0] += 1
+    return _plain(params, kv_pool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top,
+                  want_logprobs, router_state, config=config, attention_impl=attention_impl, quant=quant, layout=layout)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "attention_impl", "quant", "layout"),
+                   donate_argnames=("kv_pool",))
+def multi_step(params, kv_pool: KVPool, tokens, positions, slots, context, meta, logits_indices, sample_entry, sbatch,
+               want_logprobs, router_state=None, *, config, attention_impl, quant=None, layout=None):
+    """K decode steps (K = ``positions.shape[0]``) of B sequences, unrolled in one program (a loop would carry
+    the pool, which XLA:CPU copies), each step's drawn tokens the next step's inputs: tokens i32[K, R] and their
+    log-probs f32[K, R] (NaN unless ``want_logprobs``). Step k runs each row at ``positions[k]`` i32[B], writes
+    its K/V to ``slots[k]`` i32[B] (-1: nowhere) and attends to ``context[k]`` i32[B] positions; ``meta`` is
+    step 0's decode metadata (its tables cover every step) and ``sbatch`` step 0's draws, later steps drawing at
+    ``context[k]`` (the draw's key is (seed, index, position): K single steps draw the same bits). Rows map one
+    to one onto sequences: R == B."""
+    TRACES[0] += 1
+    no_top = jnp.bool_(False)
+    steps = []
+    for k in range(positions.shape[0]):
+        meta_k = meta.replace(slot_mapping=slots[k], context_lens=context[k])
+        sbatch_k = sbatch.replace(position=context[k][sample_entry])
+        (toks, lps, _, _), kv_pool = _plain(params, kv_pool, tokens, positions[k], meta_k, logits_indices,
+                                            sample_entry, sbatch_k, no_top, want_logprobs, router_state, config=config,
+                                            attention_impl=attention_impl, quant=quant, layout=layout)
+        steps.append((toks, lps))
+        tokens = toks
+    toks, lps = (jnp.stack(x) for x in zip(*steps))
+    return (toks, lps), kv_pool
+
+
+def _plain(params, kv_pool: KVPool, tokens, positions, meta, logits_indices, sample_entry, sbatch, want_top,
+           want_logprobs, router_state, *, config, attention_impl, quant, layout):
+    """``plain_step``'s body (``multi_step`` runs it K times)."""
     head = greedy_head(params, config, layout) if quant is None else None
     with matmul_context(quant):
         out, kv_pool = forward(params, config, tokens, positions, kv_pool, meta,

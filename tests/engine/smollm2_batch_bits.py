@@ -1,7 +1,8 @@
 """Run by test_smollm2.py in a subprocess with the users' XLA flags, on bf16 SmolLM2 chats.
 
 ``alone``: two chats decoded together, then each alone. ``suffix``: four chats by the plain engine and by
-greedy suffix speculation (verify passes of up to 9 rows per chat). Prints where the tokens or log-probs
+greedy suffix speculation (verify passes of up to 9 rows per chat). ``multi_step``: the four chats, greedy and
+sampled, by the plain engine and by one running 4 decode steps a program (``num_scheduler_steps``). Prints where the tokens or log-probs
 first differ, or "same bits"."""
 import sys
 
@@ -36,8 +37,17 @@ def plain_and_suffix():
     return list(zip(run(), run(speculative=SpeculativeConfig(method="suffix", num_speculative_tokens=8))))
 
 
+def plain_and_multi_step():
+    sampled = SamplingParams(max_tokens=45, temperature=0.8, top_p=0.95, seed=3, logprobs=True)
+
+    def run(**kw):
+        llm = LLM("smollm2-135m-instruct", dtype="bfloat16", **kw)
+        return [o.outputs[0] for p in (PARAMS, sampled) for o in llm.chat(CHATS, p, use_tqdm=False)]
+    return list(zip(run(), run(num_scheduler_steps=4)))
+
+
 def main(mode: str):
-    pairs = alone_and_together() if mode == "alone" else plain_and_suffix()
+    pairs = {"alone": alone_and_together, "suffix": plain_and_suffix, "multi_step": plain_and_multi_step}[mode]()
     for i, (a, b) in enumerate(pairs):
         if (where := first_difference(a, b)) is not None:
             print(f"chat {i}: {where}")

@@ -152,3 +152,14 @@ def test_bfloat16_smollm2_suffix_speculation_gives_the_plain_engines_bits():
     if not amx_granted():  # elsewhere a bf16 matmul of 1 row and of 9 rows may round differently
         pytest.skip("the bf16 matmuls are row-invariant only on AMX tiles")
     run_bits_script("suffix")
+
+
+@pytest.mark.slow  # two 30-layer bf16 engines compiled in a subprocess (~40 s here)
+def test_bfloat16_smollm2_multi_step_decoding_gives_the_plain_engines_bits():
+    """Four decode steps in one program (``num_scheduler_steps=4``): the plain engine's tokens and log-probs, greedy
+    and sampled, bit for bit (the draws' keys come from the position, and the AMX matmuls are row-invariant, so the
+    batch buckets a multi-step keeps while requests end do not change a row's bits)."""
+    from jaxserve.kernels.cpu.matmul import amx_granted
+    if not amx_granted():
+        pytest.skip("the bf16 matmuls are row-invariant only on AMX tiles")
+    run_bits_script("multi_step")

@@ -53,11 +53,23 @@ class FakeDevice:
             self.pool[e.slot_mapping] = e.token_ids
         sampled = {}
         for e in out.scheduled:
-            if e.sample:
+            if e.num_lookahead:  # a multi-step decode: each drawn token is the next step's input
+                sampled[e.seq_id] = self._steps(e)
+            elif e.sample:
                 ctx = self.read(e.block_table, e.context_len)
                 toks = [next_token(ctx, j, self.vocab) for j in range(e.num_samples)]
                 sampled[e.seq_id] = toks if e.num_samples > 1 else toks[0]
         return sampled
+
+    def _steps(self, e) -> list[int]:
+        """1 + num_lookahead decode steps of one sequence, its later tokens written to the slots its table holds."""
+        bs, toks = self.block_size, []
+        for k in range(1 + e.num_lookahead):
+            if k:
+                pos = e.context_len - 1 + k
+                self.pool[e.block_table[pos // bs] * bs + pos % bs] = toks[-1]
+            toks.append(next_token(self.read(e.block_table, e.context_len + k), 0, self.vocab))
+        return toks
 
 
 def make_scheduler(num_blocks, block_size=4, *, max_num_seqs=8, max_num_batched_tokens=32,

@@ -272,3 +272,82 @@ def test_token_slice_matches_full_slice(prompt, outputs, data):
     start = data.draw(st.integers(0, n))
     stop = data.draw(st.integers(start, n))
     assert seq.token_slice(start, stop) == (prompt + outputs)[start:stop]
+
+
+# ---- multi-step decoding (num_scheduler_steps) --------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("num_blocks,max_num_seqs", [(400, 16), (12, 6)])  # roomy; preempting and pool-short
+def test_multi_step_decoding_gives_single_steps_outputs(seed, num_blocks, max_num_seqs):
+    """K decode steps a schedule (n > 1, stop tokens, prefix hits, preemption) emit exactly what single steps do."""
+    reqs = random_workload(seed)
+    reference = run_to_completion(make_scheduler(num_blocks=400, max_num_seqs=16, max_num_batched_tokens=64), reqs)
+    for steps in (2, 4):
+        sched = make_scheduler(num_blocks=num_blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=8,
+                               num_scheduler_steps=steps)
+        ahead = []
+        got = run_to_completion(sched, reqs, on_step=lambda out, res: ahead.extend(
+            e.num_lookahead for e in out.scheduled))
+        assert got == reference
+        assert max(ahead) == steps - 1  # multi-steps did run
+        assert sched.bm.num_used == 0 and sched.bm.num_free == num_blocks
+
+
+def test_multi_step_runs_only_when_every_running_sequence_decodes_and_no_waiting_one_could_start():
+    sched = make_scheduler(num_blocks=64, max_num_seqs=2, max_num_batched_tokens=8, num_scheduler_steps=4)
+    dev = FakeDevice(64, 4)
+    sched.add_request("a", [1, 2, 3], Params(max_tokens=10))
+    sched.add_request("b", [4, 5], Params(max_tokens=3))
+    a = sched.requests["a"].seqs[0]
+
+    def step():
+        out = sched.schedule()
+        sched.update(out, dev.step(out))
+        return [(e.request_id, len(e.token_ids), e.num_lookahead) for e in out.scheduled], out.num_batched_tokens
+
+    assert step() == ([("a", 3, 0), ("b", 2, 0)], 5)  # prefills: one step
+    # every running sequence decodes: b has 2 tokens left (one step ahead), a up to 3; 2 tokens charged, not 6
+    assert step() == ([("a", 1, 3), ("b", 1, 1)], 2)
+    sched.add_request("c", [6], Params(max_tokens=2))  # b finished: c has a seat, so one step while it starts
+    assert step() == ([("a", 1, 0), ("c", 1, 0)], 2)
+    sched.add_request("d", [7], Params(max_tokens=2))  # no seat for d: a and c decode 4 steps (c's last token)
+    assert step() == ([("a", 1, 3), ("c", 1, 0)], 2)
+    assert len(a.output_token_ids) == 1 + 4 + 1 + 4 and a.is_finished and sched.bm.num_used == 0  # c ended too
+
+
+def test_multi_step_cut_at_a_stop_token_frees_the_unused_slots():
+    sched = make_scheduler(num_blocks=64, num_scheduler_steps=4)
+    dev = FakeDevice(64, 4)
+    sched.add_request("a", [1, 2, 3], Params(max_tokens=20))
+    out = sched.schedule()
+    sched.update(out, dev.step(out))  # prompt (3) + 1 output
+    out = sched.schedule()
+    (e,) = out.scheduled
+    assert e.num_lookahead == 3 and len(e.block_table) == 2  # slots for positions 3..6
+    res = sched.update(out, {e.seq_id: [5, 6, 7, 8]})
+    seq = sched.requests["a"].seqs[0]
+    assert res.new_token_ids == {e.seq_id: 8} and seq.num_computed_tokens == 7 and sched.bm.num_used == 2
+    out = sched.schedule()
+    (e,) = out.scheduled
+    res = sched.update(out, {e.seq_id: [9, 0, 11, 12]})  # EOS (0) second: the rest is dropped
+    assert seq.output_token_ids[-2:] == [9, 0] and [r.request_id for r in res.finished] == ["a"]
+    assert sched.bm.num_used == 0
+
+
+def test_multi_step_never_preempts_for_its_lookahead():
+    sched = make_scheduler(num_blocks=3, num_scheduler_steps=4)
+    dev = FakeDevice(3, 4)
+    sched.add_request("a", [1, 2, 3, 4, 5, 6, 7], Params(max_tokens=5))
+    sched.add_request("b", [1, 2, 3], Params(max_tokens=5))
+    out = sched.schedule()
+    sched.update(out, dev.step(out))  # a: 2 blocks, b: 1 block; the pool is full
+    out = sched.schedule()
+    # a's next position (7) fits its second block, b's (3) its only one, but no block is left for more
+    assert [(e.request_id, e.num_lookahead) for e in out.scheduled] == [("a", 0), ("b", 0)] and not out.preempted
+
+
+def test_multi_step_needs_a_positive_count_and_no_speculation():
+    with pytest.raises(ValueError, match="num_scheduler_steps=0 must be >= 1"):
+        make_scheduler(num_blocks=8, num_scheduler_steps=0)
+    with pytest.raises(ValueError, match="num_scheduler_steps=4 and num_lookahead_slots=3"):
+        make_scheduler(num_blocks=8, num_scheduler_steps=4, num_lookahead_slots=3)
