@@ -203,8 +203,9 @@ class EngineConfig:
     # sequences running more than one token in a step (prefill chunks); bounds a mixed step's attention work
     max_num_partial_prefills: int = 8
     # decode steps one device program runs when every running sequence decodes (vLLM's num_scheduler_steps): the
-    # dispatch and host work of a step are paid once per K tokens; 1: one step a program. Not with speculative
-    # decoding (a round already emits several tokens a program)
+    # dispatch and host work of a step are paid once per K tokens (the same tokens; warm-up compiles each decode
+    # bucket's program K steps unrolled, ~K times longer); 1: one step a program. Not with speculative decoding (a
+    # round already emits several tokens a program)
     num_scheduler_steps: int = 1
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
