@@ -299,6 +299,15 @@ def check_hf_directory(name: str, want, t: int, ep: bool = False, d: int = 1):
     print(f"{name} from an HF directory T={t} EP={ep} D={d}: greedy outputs equal", flush=True)
 
 
+def check_multi_step(greedy):
+    """Four decode steps a program (``num_scheduler_steps``) at T=2 (the pool sharded, each step's draws replicated
+    and fed to the next on the mesh): one device's single-step greedy (``greedy``) and seeded outputs."""
+    llm = make("llama", t=2, num_scheduler_steps=4)
+    assert tokens(llm, GREEDY) == greedy
+    assert tokens(llm, SEEDED) == tokens(make("llama"), SEEDED)
+    print("multi-step decoding T=2: outputs equal", flush=True)
+
+
 def check_llama():
     llms, (greedy, _) = check_grid("llama")
     check_hf_directory("llama", greedy, t=4)  # KV heads repeated
@@ -317,6 +326,7 @@ def check_llama_weights_and_speculation():
     check_quantized([("llama", "nvfp4", "pallas"), ("llama", "fp8", "auto"), ("llama_d16", "mxfp4", "auto")],
                     {"llama": make("llama", t=2), "llama_d16": make("llama_d16", t=2)})
     check_speculative(["draft_model", "ngram", "suffix", "medusa"], plain)
+    check_multi_step(plain)
 
 
 def check_qwen3_moe():
