@@ -1,5 +1,5 @@
-"""The runner's jitted step programs: plain step, multi-step decode, speculative fill, speculative round, the draft's catch-up (a
-draft model's, an EAGLE draft's), block copy.
+"""The runner's jitted step programs: plain step, multi-step decode, speculative fill, speculative round, the
+draft's catch-up (a draft model's, an EAGLE draft's), block copy.
 
 Axis names: T packed tokens, B sequences, R sample rows, G draft tokens (γ), V vocabulary, E hidden size.
 
@@ -54,8 +54,9 @@ def plain_step(params, kv_pool: KVPool, tokens, positions, meta, logits_indices,
                    donate_argnames=("kv_pool",))
 def multi_step(params, kv_pool: KVPool, tokens, positions, slots, context, meta, logits_indices, sample_entry, sbatch,
                want_logprobs, router_state=None, *, config, attention_impl, quant=None, layout=None):
-    """K decode steps (K = ``positions.shape[0]``) of B sequences, unrolled in one program (a loop would carry
-    the pool, which XLA:CPU copies), each step's drawn tokens the next step's inputs: tokens i32[K, R] and their
+    """K decode steps (K = ``positions.shape[0]``) of B sequences, unrolled in one program (a ``lax.fori_loop``
+    carrying the pool compiled once but ran slower than K separate calls on XLA:CPU: SmolLM2 bf16 at batch 1,
+    13.1 against 11.2 ms a step), each step's drawn tokens the next step's inputs: tokens i32[K, R] and their
     log-probs f32[K, R] (NaN unless ``want_logprobs``). Step k runs each row at ``positions[k]`` i32[B], writes
     its K/V to ``slots[k]`` i32[B] (-1: nowhere) and attends to ``context[k]`` i32[B] positions; ``meta`` is
     step 0's decode metadata (its tables cover every step) and ``sbatch`` step 0's draws, later steps drawing at
