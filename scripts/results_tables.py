@@ -91,9 +91,11 @@ def multi_step_serving():
             "server ready (s)"], rows
 
 
-def multi_step_vllm(rel: str = SMOLLM2_BF16_MULTI_STEP):
+def multi_step_vllm(rel: str = SMOLLM2_BF16_MULTI_STEP, weight_bytes: int | None = None, ceiling: str | None = None):
     """jaxserve with one decode step a program and with K (``num_scheduler_steps``, one or more K) beside vLLM, in
-    one run: output tok/s median (range), and each against vLLM's median."""
+    one run: output tok/s median (range), and each against vLLM's median; with ``weight_bytes``, at batch 64 the
+    weight bytes a second each backend reads (one read of every weight a step of 64 tokens) against ``ceiling``'s
+    read ceiling."""
     by = {}
     for r in table("throughput", rel):
         by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
@@ -107,9 +109,17 @@ def multi_step_vllm(rel: str = SMOLLM2_BF16_MULTI_STEP):
                                            f"{cells[b]['tok_s_max']:,.0f})" for b in ("jaxserve", *multis, "vllm")),
                      x(cells["jaxserve"]["tok_s_median"] / peer),
                      *(f"**{x(cells[b]['tok_s_median'] / peer)}**" for b in multis)])
-    return ["workload", "requests", "jaxserve tok/s, 1 step a program",
-            *(f"jaxserve tok/s, num_scheduler_steps={k}" for k in ks), "vllm tok/s", "1 step / vllm",
-            *(f"{k} steps / vllm" for k in ks)], rows
+    headers = ["workload", "requests", "jaxserve tok/s, 1 step a program",
+               *(f"jaxserve tok/s, num_scheduler_steps={k}" for k in ks), "vllm tok/s", "1 step / vllm",
+               *(f"{k} steps / vllm" for k in ks)]
+    if weight_bytes is None:
+        return headers, rows
+    read = read_ceiling(ceiling)
+    for row, cells in zip(rows, by.values()):
+        row.append("—" if row[0] != "batch64" else " / ".join(
+            f"{cells[b]['tok_s_median'] / row[1] * weight_bytes / 1e9:.1f} "
+            f"({pct(cells[b]['tok_s_median'] / row[1] * weight_bytes / 1e9 / read, 0)})" for b in (multis[-1], "vllm")))
+    return headers + [f"weights read GB/s, jaxserve {ks[-1]} steps / vllm (of the {read:.1f} GB/s read ceiling)"], rows
 
 
 def smollm2_bf16_vllm(runs=SMOLLM2_BF16_VLLM_RUNS, bytes_per_weight=2, ceiling=None):
@@ -847,7 +857,8 @@ CLAIMS = (
           "weight columns count one read of every weight per step of 64 tokens (KV reads come on top) against this "
           "VM's read ceiling (two threads reading 1 GiB with `numpy.max`)."),
     Claim("SmolLM2-135M-Instruct in bf16 beside vLLM CPU: multi-step decoding (num_scheduler_steps)",
-          (SMOLLM2_BF16_MULTI_STEP,), multi_step_vllm,
+          (SMOLLM2_BF16_MULTI_STEP, MEMORY_BANDWIDTH_XEON_L3),
+          functools.partial(multi_step_vllm, weight_bytes=SMOLLM2_PARAMS * 2, ceiling=MEMORY_BANDWIDTH_XEON_L3),
           "`benchmarks/peers/compare.py --model smollm2-135m-instruct --backends "
           "jaxserve,jaxserve@engine.num_scheduler_steps=8,vllm --workloads batch64,sharegpt --rounds 5 --threads 2 "
           "--dtype bfloat16` at d779ad7 (its +dirty: README and docs only), the VM and settings of the bf16 table "
