@@ -38,6 +38,11 @@ from typing import Hashable, Sequence
 from jaxserve.cache.prefix_cache import HashFn, PrefixCache, sha256_block_hash
 
 
+def table_slots(table: Sequence[int], start: int, stop: int, block_size: int) -> list[int]:
+    """Flat KV slots of positions ``[start, stop)`` through a block table (the module docstring's layout)."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, stop)]
+
+
 class NoFreeBlocksError(RuntimeError):
     """Raised by ``append_slots`` when the pool cannot supply the blocks; no state changed."""
 
@@ -123,7 +128,7 @@ class BlockManager:
         if not 0 <= position < st.num_slots:
             raise ValueError(f"position {position} has no slot in sequence {seq_id} "
                              f"(num_slots={st.num_slots})")
-        return st.table[position // self.block_size] * self.block_size + position % self.block_size
+        return table_slots(st.table, position, position + 1, self.block_size)[0]
 
     def num_cached_tokens(self, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` that ``allocate`` would serve from the cache (no side effects)."""

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxserve.cache.block_manager import table_slots
 from jaxserve.config import ModelConfig
 from jaxserve.engine import step_programs as programs
 from jaxserve.engine.draft_coverage import DraftCoverage
@@ -70,10 +71,9 @@ WARMUP_READER = ScheduledSequence(seq_id=-1, request_id="", index=0, token_ids=[
 
 def _piece(e: ScheduledSequence, start: int, n: int, block_size: int) -> ScheduledSequence:
     """Tokens [start, start + n) of ``e``'s sequence as an entry of their own (no sample): a draft catch-up piece."""
-    table = e.block_table
-    slots = [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-    return ScheduledSequence(e.seq_id, e.request_id, e.index, e.seq.token_slice(start, start + n), start, table,
-                             slots, False, 0, e.sampling_params, seq=e.seq)
+    return ScheduledSequence(e.seq_id, e.request_id, e.index, e.seq.token_slice(start, start + n), start,
+                             e.block_table, table_slots(e.block_table, start, start + n, block_size), False, 0,
+                             e.sampling_params, seq=e.seq)
 
 
 def packs_for_amx(config: ModelConfig) -> bool:
@@ -273,15 +273,15 @@ class ModelRunner:
         repeats it, writing nowhere, and reads only the slots its table covers."""
         if not step.decode_only or len(rows) not in (0, len(entries)):  # (none: warm-up)
             raise RuntimeError("a multi-step decode runs one token and one draw per sequence")
-        k, b, bs = self.num_scheduler_steps, step.tables.shape[0], self.block_size
+        k, b = self.num_scheduler_steps, step.tables.shape[0]
         positions, context = np.tile(step.positions, (k, 1)), np.tile(step.context, (k, 1))
         slots = np.full((k, b), -1, np.int32)
         slots[0] = step.slots
         for i, e in enumerate(entries):
             ahead = np.minimum(np.arange(k), e.num_lookahead)
             positions[:, i], context[:, i] = e.start_pos + ahead, e.start_pos + 1 + ahead
-            slots[1: 1 + e.num_lookahead, i] = [e.block_table[p // bs] * bs + p % bs
-                                                for p in range(e.start_pos + 1, e.start_pos + 1 + e.num_lookahead)]
+            slots[1: 1 + e.num_lookahead, i] = table_slots(e.block_table, e.start_pos + 1,
+                                                           e.start_pos + 1 + e.num_lookahead, self.block_size)
         sbatch, sample_entry = self._sampling(rows, b)
         results, self.pool = self._counted(
             programs.multi_step, self.params, self.pool, step.tokens, positions, slots, context, self._metadata(step),

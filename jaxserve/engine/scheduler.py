@@ -56,7 +56,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence as Seq
 
-from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError
+from jaxserve.cache.block_manager import BlockManager, NoFreeBlocksError, table_slots
 from jaxserve.engine.sequence import Request, Sequence, SequenceStatus
 
 
@@ -476,8 +476,7 @@ class Scheduler:
         sample = start + n == seq.num_tokens
         num_samples = seq.request.n if sample and not seq.request.forked and seq.index == 0 else 1
         table = self.bm.get_block_table(seq.seq_id)
-        bs = self.bm.block_size
-        slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+        slots = table_slots(table, start, start + n, self.bm.block_size)
         return ScheduledSequence(seq.seq_id, seq.request_id, seq.index, seq.token_slice(start, start + n),
                                  start, table, slots, sample, num_samples, seq.sampling_params, lookahead,
                                  seq.request.seed, seq)
