@@ -14,6 +14,8 @@ layer in place; a stacked ``lax.scan`` layout copies the cache every step (docs/
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -50,7 +52,7 @@ class KVLayer:
         # Indexed by (page, offset), not through a [P*S, K, D] reshape: with one KV head that reshape
         # let XLA:CPU give the scattered pool a permuted layout and copy every layer's whole pool back
         # (in the engine's speculative round, ~4 ms of copies per round for the 1-head draft).
-        cast = _caster(self.v.dtype)
+        cast = functools.partial(pool_rows, pool_dtype=self.v.dtype)
         new_v = self.v.at[page, offset].set(cast(v), mode="drop")
         if self.k_tokens_minor:
             new_k = self.k.at[page, :, :, offset].set(cast(k), mode="drop")
@@ -59,12 +61,12 @@ class KVLayer:
         return self.replace(k=new_k, v=new_v)
 
 
-def _caster(pool_dtype):
+def pool_rows(rows: jax.Array, pool_dtype) -> jax.Array:
     """New K/V rows -> the pool's elements: a ``uint16`` pool holds bf16 bits (rows rounded to bf16, then bit-cast:
     XLA:CPU has no bf16 scatter, and bit-casting a bf16 pool instead would copy all of it)."""
     if pool_dtype == jnp.uint16:
-        return lambda rows: jax.lax.bitcast_convert_type(rows.astype(jnp.bfloat16), jnp.uint16)
-    return lambda rows: rows.astype(pool_dtype)
+        return jax.lax.bitcast_convert_type(rows.astype(jnp.bfloat16), jnp.uint16)
+    return rows.astype(pool_dtype)
 
 
 @struct.dataclass

@@ -67,6 +67,9 @@ def write_and_attend(q: jax.Array, k: jax.Array, v: jax.Array, layer: KVLayer, m
     sees (or gathers) another's K/V. ``opts``: ``attend``'s sliding_window and sm_scale.
     """
     def local(q, k, v, layer, meta):
+        fused = backend.write_and_read(q, k, v, layer, meta, **opts)
+        if fused is not None:
+            return fused
         layer = backend.write(layer, k, v, meta.slot_mapping)
         return attend(q, k, v, layer, meta, backend, **opts), layer
 

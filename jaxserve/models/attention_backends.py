@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from jaxserve.cache.kv_pool import KVLayer, KVPool, init_kv_pool
+from jaxserve.cache.kv_pool import KVLayer, KVPool, init_kv_pool, pool_rows
 from jaxserve.kernels.cpu import attention as cpu_attention
 from pallas_kernels import paged_attention as pa
 
@@ -50,6 +50,13 @@ class AttentionBackend:
             raise ValueError(f"attention_impl={self.name!r} reads pools with k_tokens_minor={self.k_tokens_minor}, "
                              f"got a pool built with k_tokens_minor={layer.k_tokens_minor}")
         return layer.write(k, v, slot_mapping)
+
+    def write_and_read(self, q: jax.Array, k: jax.Array, v: jax.Array, layer: KVLayer, meta, *,
+                       sliding_window: int | None = None,
+                       sm_scale: float | None = None) -> tuple[jax.Array, KVLayer] | None:
+        """``write`` then ``read`` as one call where this backend has one for ``meta``'s batch, else None (the caller
+        writes and reads apart)."""
+        return None
 
     def read(self, q: jax.Array, layer: KVLayer, meta, *, sliding_window: int | None = None,
              sm_scale: float | None = None) -> jax.Array:
@@ -93,6 +100,20 @@ class XlaAttention(AttentionBackend):
         if jax.default_backend() != "cpu" or dtype.itemsize >= 4:
             return dtype
         return jnp.dtype(jnp.uint16) if dtype == jnp.bfloat16 and cpu_attention.available() else jnp.dtype(jnp.float32)
+
+    def write_and_read(self, q, k, v, layer, meta, *, sliding_window=None, sm_scale=None):
+        """Where the C++ kernel reads the pools and no sequence has more than ``ROWS_PER_ITEM`` new rows (decode
+        steps, verify rounds), its writing variant stores the rows in place as it reads their pages
+        (``paged_attention_write_cpu``): the same pools and output as ``write`` then ``read``."""
+        rows = 1 if meta.decode_only else meta.uniform_q_len
+        if (meta.fresh or rows is None or rows > cpu_attention.ROWS_PER_ITEM or not layer.k_tokens_minor
+                or layer.k.dtype not in cpu_attention.WRITE_TARGETS or not cpu_attention.usable(layer.k, layer.v)):
+            return None
+        cu_q_lens = jnp.arange(meta.block_tables.shape[0] + 1, dtype=jnp.int32) * rows  # (as decode / uniform read)
+        out, kt, vp = cpu_attention.paged_attention_write_cpu(
+            q, pool_rows(k, layer.k.dtype), pool_rows(v, layer.v.dtype), meta.slot_mapping, layer.k, layer.v,
+            meta.block_tables, meta.context_lens, cu_q_lens, sliding_window=sliding_window, sm_scale=sm_scale)
+        return out, layer.replace(k=kt, v=vp)
 
     @staticmethod
     def _as_float(k_pages, v_pages):

@@ -305,3 +305,83 @@ def test_pools_of_bf16_bits_are_written_and_copied_in_place(k_tokens_minor):
     whole = [line for line in compiled.splitlines()
              if re.search(r"= (bf16|f32)\[256,", line) or re.search(r"= u16\[256,[^=]*\bcopy\(", line)]
     assert not whole, whole  # no pool-sized float array, no copy of a pool
+
+
+def _write_case(seed, lengths, q_len, pool_dtype):
+    """Pools in ``pool_dtype`` (uint16: bf16 bits), the slots of each sequence's last ``q_len`` positions (sequence 1's
+    first row a padding slot), new rows in the pools' dtype, and queries."""
+    rng, _, kt, v, tables, lens, h = _case(seed, lengths)
+    if pool_dtype == jnp.uint16:
+        kt, v = (jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16) for x in (kt, v))
+    b, t = len(lengths), len(lengths) * q_len
+    pos = np.asarray(lengths)[:, None] - q_len + np.arange(q_len)
+    slots = np.asarray(tables)[np.arange(b)[:, None], pos // 16] * 16 + pos % 16
+    slots[1, 0] = -1
+    rows = [jnp.asarray(rng.standard_normal((t, 3, 64)), jnp.float32) for _ in range(2)]
+    if pool_dtype == jnp.uint16:
+        rows = [jax.lax.bitcast_convert_type(r.astype(jnp.bfloat16), jnp.uint16) for r in rows]
+    q = jnp.asarray(rng.standard_normal((t, h, 64)), jnp.bfloat16 if pool_dtype == jnp.uint16 else jnp.float32)
+    cu = jnp.arange(b + 1, dtype=jnp.int32) * q_len
+    return q, rows, jnp.asarray(slots.reshape(-1), jnp.int32), kt, v, tables, lens, cu
+
+
+@needs_kernels
+@pytest.mark.parametrize("pool_dtype", [jnp.float32, jnp.uint16])
+@pytest.mark.parametrize("q_len", [1, 4, 8])
+def test_writing_variant_gives_the_scatter_then_the_read_in_place(q_len, pool_dtype):
+    """``paged_attention_write_cpu`` = ``KVLayer.write`` (XLA's scatter) then the read: the same pools and output bit
+    for bit, for decode and verify-shaped batches with a padding slot; under jit with the pools donated the results
+    are the donated buffers (written in place, no copy of a pool in the program)."""
+    from jaxserve.cache.kv_pool import KVLayer
+    q, (k, v_rows), slots, kt, v, tables, lens, cu = _write_case(10, [40, 17, 130, 8], q_len, pool_dtype)
+    widen = (lambda x: jax.lax.bitcast_convert_type(x, jnp.bfloat16)) if pool_dtype == jnp.uint16 else (lambda x: x)
+    want_layer = KVLayer(kt, v, True).write(widen(k), widen(v_rows), slots)
+    want = ca.ragged_paged_attention_cpu(q, want_layer.k, want_layer.v, tables, lens, cu)
+    fused = jax.jit(ca.paged_attention_write_cpu, donate_argnums=(4, 5))
+    compiled = fused.lower(q, k, v_rows, slots, kt, v, tables, lens, cu).compile().as_text()
+    assert not [line for line in compiled.splitlines() if " copy(" in line and f"[{kt.shape[0]}," in line]
+    pointers = kt.unsafe_buffer_pointer(), v.unsafe_buffer_pointer()
+    got, got_k, got_v = fused(q, k, v_rows, slots, kt, v, tables, lens, cu)
+    assert (got_k.unsafe_buffer_pointer(), got_v.unsafe_buffer_pointer()) == pointers
+    np.testing.assert_array_equal(got_k, want_layer.k)
+    np.testing.assert_array_equal(got_v, want_layer.v)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@needs_kernels
+def test_writing_variant_skips_slots_outside_the_pool_and_refuses_long_sequences():
+    q, (k, v_rows), slots, kt, v, tables, lens, cu = _write_case(11, [40, 17], 1, jnp.float32)
+    outside = jnp.asarray([kt.shape[0] * 16, 2**31 - 1], jnp.int32)  # one past the pool, far past it
+    _, got_k, got_v = ca.paged_attention_write_cpu(q, k, v_rows, outside, kt, v, tables, lens, cu)
+    np.testing.assert_array_equal(got_k, kt)
+    np.testing.assert_array_equal(got_v, v)
+    q9, (k9, v9), slots9, kt9, v_9, tables9, lens9, cu9 = _write_case(12, [40, 17], 9, jnp.float32)
+    with pytest.raises(Exception, match="more than 8 rows"):
+        jax.block_until_ready(ca.paged_attention_write_cpu(q9, k9, v9, slots9, kt9, v_9, tables9, lens9, cu9))
+    with pytest.raises(ValueError, match="all be float32 or all uint16"):
+        ca.paged_attention_write_cpu(q, k.astype(jnp.bfloat16), v_rows, slots, kt, v, tables, lens, cu)
+    with pytest.raises(ValueError, match=r"want k, v \[2, 3, 64\] and slots \[2\]"):
+        ca.paged_attention_write_cpu(q, k[:1], v_rows, slots, kt, v, tables, lens, cu)
+
+
+@needs_kernels
+def test_xla_backend_writes_in_the_kernel_for_decode_and_verify_batches_only(monkeypatch):
+    """``XlaAttention.write_and_read`` takes the writing variant where each sequence has at most ``ROWS_PER_ITEM`` new
+    rows (decode, uniform rounds) and leaves the rest (ragged, fresh prompts, longer rounds, the kernel off) to the
+    scatter and the read (None)."""
+    from jaxserve.cache.kv_pool import KVLayer
+    from jaxserve.models.attention import AttentionMetadata
+    xla = attention_backend("xla")
+    q, (k, v_rows), slots, kt, v, tables, lens, cu = _write_case(13, [40, 17], 1, jnp.uint16)
+    layer, rows = KVLayer(kt, v, True), jnp.zeros((2, 3, 64), jnp.bfloat16)
+
+    def fused(meta, q=q, rows=rows):
+        return xla.write_and_read(q, rows, rows, layer, meta)
+    meta = AttentionMetadata(slots, tables, lens, cu, decode_only=True, uniform_q_len=1)
+    assert fused(meta) is not None
+    assert fused(meta.replace(decode_only=False, uniform_q_len=None)) is None  # ragged
+    assert fused(meta.replace(decode_only=False, fresh=True)) is None
+    long_q, long_rows = jnp.zeros((18, 9, 64), jnp.bfloat16), jnp.zeros((18, 3, 64), jnp.bfloat16)
+    assert fused(meta.replace(decode_only=False, uniform_q_len=9), long_q, long_rows) is None
+    monkeypatch.setenv(ca.ENV_SWITCH, "off")
+    assert fused(meta) is None

@@ -119,8 +119,9 @@ def test_fp4_engine_greedy_tokens_equal_with_and_without_kernel(fmt, monkeypatch
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_engine_greedy_tokens_equal_with_and_without_attention_kernel(dtype, monkeypatch):
-    """The engine's prefill (ragged, several pages, a prompt across a block boundary) and decode steps through the
-    CPU attention kernel give XLA's loop's greedy tokens, and log-probs equal up to float32 summation order."""
+    """The engine's prefill (ragged, several pages, a prompt across a block boundary) and decode steps (the kernel's
+    writing variant: the new rows stored as their pages are read) through the CPU attention kernel give XLA's loop's
+    greedy tokens (XLA's scatter and loop), and log-probs equal up to float32 summation order."""
     config = get_preset("tiny-llama").replace(max_position_embeddings=128, dtype=dtype)
     params = init_params(config, jax.random.key(12))
     llm = LLM.from_params(config, params, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=48)
@@ -136,7 +137,7 @@ def test_engine_greedy_tokens_equal_with_and_without_attention_kernel(dtype, mon
     ragged = cpu_attention.ragged_paged_attention_cpu
     monkeypatch.setattr(cpu_attention, "ragged_paged_attention_cpu",
                         lambda *a, **k: prefills.append(1) or ragged(*a, **k))
-    on, off = _run_both(monkeypatch, run, cpu_attention, "paged_attention_cpu", switch=cpu_attention.ENV_SWITCH)
+    on, off = _run_both(monkeypatch, run, cpu_attention, "paged_attention_write_cpu", switch=cpu_attention.ENV_SWITCH)
     assert prefills, "the prefill never went to the kernel"
     if dtype == "float32":
         assert [o.token_ids for o in on] == [o.token_ids for o in off]

@@ -7,6 +7,9 @@
 //       attributes sm_scale, soft_cap (0: none), sliding_window (0: none), threads.
 //   jaxserve_paged_attention_bf16: the same over pools of bf16 bits (u16[...]: a bf16 model's K/V, read at half the
 //       bytes), each element widened to float32 as it is loaded: the same sums as float32 pools holding those values.
+//   jaxserve_paged_attention_write(_bf16): the same after writing this step's K/V rows k, v [T, K, D] (the pools'
+//       element type) into their flat slots i32[T]; the pools are operands aliased to the 2nd and 3rd results, and each
+//       sequence owns at most kRowsPerItem rows (decode steps, verify rounds): see Fresh and write_rows.
 //
 // Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] of q; its i-th row sits at position
 // context_lens[b] - q_len_b + i and sees the keys at positions <= its own, < context_lens[b] (and < M*S), and,
@@ -85,6 +88,33 @@ struct Shape {
 struct Item {
   int64_t seq, head, row0, rows, pos0;  // rows row0 .. row0 + rows of q at positions pos0 .., kv head `head`
 };
+
+// This step's K/V rows [T, K, D] (the pools' element type) and their flat slots i32[T] (page * S + offset; < 0 or
+// past the pool: not written), for the variant that writes them (k null: the pools are only read).
+template <class KV>
+struct Fresh {
+  const KV* k = nullptr;
+  const KV* v = nullptr;
+  const int32_t* slots = nullptr;
+};
+
+// An item's rows' K/V of its head into their slots, before the item reads its pages: its rows are the only new
+// keys of that (sequence, head) when no sequence has more than kRowsPerItem rows (the variant's contract), so every
+// key an item reads was written by itself or an earlier step. The pages are the ones the item reads next: the
+// write's misses are the read's (a separate scatter missed on every K line of a page written a step ago).
+template <class KV>
+void write_rows(const Shape& sh, const Fresh<KV>& fresh, const Item& it, KV* kt, KV* v) {
+  const int64_t D = sh.D, K = sh.K, S = sh.S;
+  for (int64_t t = it.row0; t < it.row0 + it.rows; ++t) {
+    const int64_t slot = fresh.slots[t];
+    if (slot < 0 || slot >= sh.P * S) continue;
+    const int64_t page = slot / S, off = slot % S;
+    const KV* kr = fresh.k + (t * K + it.head) * D;
+    KV* kdst = kt + (page * K + it.head) * D * S + off;  // [P, K, D, S]: tokens innermost
+    for (int64_t d = 0; d < D; ++d) kdst[d * S] = kr[d];
+    std::memcpy(v + ((page * S + off) * K + it.head) * D, fresh.v + (t * K + it.head) * D, D * sizeof(KV));
+  }
+}
 
 // Per-thread buffers of one item: scaled queries and accumulators [NQ, D], scores / probabilities [NQ, Sp].
 struct Scratch {
@@ -408,7 +438,7 @@ std::vector<Item> plan(const Shape& sh, const int32_t* context_lens, const int32
 template <int kS, class KV, class QO>
 void attend(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, const KV* v,
             const int32_t* tables, const int32_t* context_lens, const std::vector<Item>& items, QO* out,
-            int64_t threads) {
+            int64_t threads, const Fresh<KV>& fresh) {
   // Few items (a batch's last few sequences, often with long contexts) are claimed one at a time, so that every
   // thread gets some: 16 a chunk left a batch of up to 5 sequences (15 items) on one thread.
   const int64_t n = int64_t(items.size());
@@ -420,6 +450,7 @@ void attend(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, c
     for (int64_t i = c * per_chunk; i < i1; ++i) {
       const Item& it = items[i];
       const Item* next = i + 1 < i1 ? &items[i + 1] : nullptr;
+      if (fresh.k != nullptr) write_rows(sh, fresh, it, const_cast<KV*>(kt), const_cast<KV*>(v));
       attend_item<kS>(sh, q, kt, v, tables + it.seq * sh.M, context_lens[it.seq], it, out, scratch,
                       next ? tables + next->seq * sh.M : nullptr, next ? context_lens[next->seq] : 0, next);
     }
@@ -430,18 +461,48 @@ void attend(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, c
 template <class KV, class QO>
 void paged_attention(ffi::ThreadPool& pool, const Shape& sh, const QO* q, const KV* kt, const KV* v,
                      const int32_t* tables, const int32_t* context_lens, const int32_t* cu_q_lens, QO* o,
-                     int64_t threads) {
+                     int64_t threads, const Fresh<KV>& fresh = Fresh<KV>{}) {
   if (sh.P == 0 || sh.M == 0 || sh.S == 0) {  // no keys anywhere
     std::fill(o, o + sh.T * sh.H * sh.D, QO(0));
     return;
   }
   const std::vector<Item> items = plan(sh, context_lens, cu_q_lens, o);
-  auto run = [&](auto attend_s) { attend_s(pool, sh, q, kt, v, tables, context_lens, items, o, threads); };
+  auto run = [&](auto attend_s) { attend_s(pool, sh, q, kt, v, tables, context_lens, items, o, threads, fresh); };
   switch (sh.S) {
     case 16: run(attend<16, KV, QO>); break;
     case 32: run(attend<32, KV, QO>); break;
     default: run(attend<0, KV, QO>); break;
   }
+}
+
+// The handlers' body: shapes checked, then the call; with fresh.k set, kt and v are the (aliased) result pools.
+template <ffi::DataType kKV, class KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>>  // u16: bf16 bits
+ffi::Error attention_call(ffi::ThreadPool& pool, const ffi::AnyBuffer& q, const ffi::Buffer<kKV, 4>& kt_pages,
+                          const ffi::Buffer<kKV, 4>& v_pages, const KV* kt, const KV* v,
+                          const ffi::Buffer<ffi::S32, 2>& block_tables, const ffi::Buffer<ffi::S32, 1>& context_lens,
+                          const ffi::Buffer<ffi::S32, 1>& cu_q_lens, ffi::AnyBuffer out, float sm_scale,
+                          float soft_cap, int64_t sliding_window, int64_t threads, const Fresh<KV>& fresh) {
+  const ffi::DataType qt = q.element_type();
+  if (q.dimensions().size() != 3 || out.dimensions().size() != 3 || out.element_type() != qt ||
+      (qt != ffi::DataType::F32 && qt != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument("paged_attention: q and the output must be both f32 or both bf16 [T, H, D]");
+  const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
+  Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
+           sm_scale, soft_cap, sliding_window};
+  if (sh.K <= 0 || sh.H % sh.K || kd[2] != sh.D || vd[0] != sh.P || vd[1] != sh.S || vd[2] != sh.K ||
+      vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1 ||
+      out.dimensions()[0] != qd[0] || out.dimensions()[1] != qd[1] || out.dimensions()[2] != qd[2])
+    return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
+  sh.G = sh.H / sh.K;
+  if (qt == ffi::DataType::BF16)  // a bf16 model's queries and output as their bits: no converts around the call
+    paged_attention(pool, sh, static_cast<const uint16_t*>(q.untyped_data()), kt, v, block_tables.typed_data(),
+                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<uint16_t*>(out.untyped_data()),
+                    threads, fresh);
+  else
+    paged_attention(pool, sh, static_cast<const float*>(q.untyped_data()), kt, v, block_tables.typed_data(),
+                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<float*>(out.untyped_data()),
+                    threads, fresh);
+  return ffi::Error::Success();
 }
 
 template <ffi::DataType kKV>
@@ -450,30 +511,43 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<kK
                           ffi::Buffer<ffi::S32, 1> context_lens, ffi::Buffer<ffi::S32, 1> cu_q_lens,
                           ffi::Result<ffi::AnyBuffer> out, float sm_scale, float soft_cap, int64_t sliding_window,
                           int64_t threads) {
-  using KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>;  // u16: bf16 bits
-  const ffi::DataType qt = q.element_type();
-  if (q.dimensions().size() != 3 || out->dimensions().size() != 3 || out->element_type() != qt ||
-      (qt != ffi::DataType::F32 && qt != ffi::DataType::BF16))
-    return ffi::Error::InvalidArgument("paged_attention: q and the output must be both f32 or both bf16 [T, H, D]");
-  const auto qd = q.dimensions(), kd = kt_pages.dimensions(), vd = v_pages.dimensions();
-  Shape sh{qd[0], qd[1], qd[2], kd[0], kd[1], kd[3], block_tables.dimensions()[0], block_tables.dimensions()[1], 0,
-           sm_scale, soft_cap, sliding_window};
-  if (sh.K <= 0 || sh.H % sh.K || kd[2] != sh.D || vd[0] != sh.P || vd[1] != sh.S || vd[2] != sh.K ||
-      vd[3] != sh.D || context_lens.dimensions()[0] != sh.B || cu_q_lens.dimensions()[0] != sh.B + 1 ||
-      out->dimensions()[0] != qd[0] || out->dimensions()[1] != qd[1] || out->dimensions()[2] != qd[2])
-    return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
-  sh.G = sh.H / sh.K;
-  const KV* kt = reinterpret_cast<const KV*>(kt_pages.typed_data());
-  const KV* v = reinterpret_cast<const KV*>(v_pages.typed_data());
-  if (qt == ffi::DataType::BF16)  // a bf16 model's queries and output as their bits: no converts around the call
-    paged_attention(pool, sh, static_cast<const uint16_t*>(q.untyped_data()), kt, v, block_tables.typed_data(),
-                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<uint16_t*>(out->untyped_data()),
-                    threads);
-  else
-    paged_attention(pool, sh, static_cast<const float*>(q.untyped_data()), kt, v, block_tables.typed_data(),
-                    context_lens.typed_data(), cu_q_lens.typed_data(), static_cast<float*>(out->untyped_data()),
-                    threads);
-  return ffi::Error::Success();
+  using KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>;
+  return attention_call<kKV>(pool, q, kt_pages, v_pages, reinterpret_cast<const KV*>(kt_pages.typed_data()),
+                             reinterpret_cast<const KV*>(v_pages.typed_data()), block_tables, context_lens, cu_q_lens,
+                             *out, sm_scale, soft_cap, sliding_window, threads, Fresh<KV>{});
+}
+
+// The variant that first writes this step's rows k, v [T, K, D] (the pools' element type) into their slots i32[T]:
+// the pools are operands aliased to the 2nd and 3rd results (XLA hands over the donated buffers themselves). Each
+// sequence must own at most kRowsPerItem rows (decode, verify rounds): one item then writes a (sequence, head)'s new
+// keys before reading them.
+template <ffi::DataType kKV>
+ffi::Error PagedAttentionWrite(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<kKV, 3> k_rows,
+                               ffi::Buffer<kKV, 3> v_rows, ffi::Buffer<ffi::S32, 1> slots,
+                               ffi::Buffer<kKV, 4> kt_pages, ffi::Buffer<kKV, 4> v_pages,
+                               ffi::Buffer<ffi::S32, 2> block_tables, ffi::Buffer<ffi::S32, 1> context_lens,
+                               ffi::Buffer<ffi::S32, 1> cu_q_lens, ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::Buffer<kKV, 4>> kt_out, ffi::Result<ffi::Buffer<kKV, 4>> v_out,
+                               float sm_scale, float soft_cap, int64_t sliding_window, int64_t threads) {
+  using KV = std::conditional_t<kKV == ffi::U16, uint16_t, float>;
+  const auto rd = k_rows.dimensions(), kd = kt_pages.dimensions(), qd = q.dimensions();
+  if (rd[0] != qd[0] || rd[1] != kd[1] || rd[2] != kd[2] || v_rows.dimensions()[0] != rd[0] ||
+      v_rows.dimensions()[1] != rd[1] || v_rows.dimensions()[2] != rd[2] || slots.dimensions()[0] != rd[0])
+    return ffi::Error::InvalidArgument("paged_attention_write: k, v must be [T, K, D] and slots [T] for q [T, H, D]");
+  const int32_t* cu = cu_q_lens.typed_data();
+  for (int64_t b = 0; b < cu_q_lens.dimensions()[0] - 1; ++b)
+    if (int64_t(cu[b + 1]) - cu[b] > kRowsPerItem)
+      return ffi::Error::InvalidArgument("paged_attention_write: a sequence owns more than 8 rows");
+  KV* kt = reinterpret_cast<KV*>(kt_out->typed_data());
+  KV* v = reinterpret_cast<KV*>(v_out->typed_data());
+  const size_t pool_bytes = size_t(kd[0]) * kd[1] * kd[2] * kd[3] * sizeof(KV);
+  // (aliased: the same buffers; were they not, the results must start as the pools)
+  if (static_cast<const void*>(kt) != kt_pages.untyped_data()) std::memcpy(kt, kt_pages.untyped_data(), pool_bytes);
+  if (static_cast<const void*>(v) != v_pages.untyped_data()) std::memcpy(v, v_pages.untyped_data(), pool_bytes);
+  const Fresh<KV> fresh{reinterpret_cast<const KV*>(k_rows.typed_data()),
+                        reinterpret_cast<const KV*>(v_rows.typed_data()), slots.typed_data()};
+  return attention_call<kKV>(pool, q, kt_pages, v_pages, kt, v, block_tables, context_lens, cu_q_lens, *out,
+                             sm_scale, soft_cap, sliding_window, threads, fresh);
 }
 
 }  // namespace
@@ -502,3 +576,30 @@ using S32Vector = ffi::Buffer<ffi::S32, 1>;
 
 JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention, F32, F32Pages)
 JAXSERVE_PAGED_ATTENTION(jaxserve_paged_attention_bf16, U16, Bf16BitsPages)
+
+using F32Rows = ffi::Buffer<ffi::F32, 3>;
+using Bf16BitsRows = ffi::Buffer<ffi::U16, 3>;
+
+#define JAXSERVE_PAGED_ATTENTION_WRITE(name, dtype, rows, pages)                                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, PagedAttentionWrite<ffi::dtype>,                             \
+                                ffi::Ffi::Bind()                                                   \
+                                    .Ctx<ffi::ThreadPool>()                                        \
+                                    .Arg<ffi::AnyBuffer>()                                         \
+                                    .Arg<rows>()                                                   \
+                                    .Arg<rows>()                                                   \
+                                    .Arg<S32Vector>()                                              \
+                                    .Arg<pages>()                                                  \
+                                    .Arg<pages>()                                                  \
+                                    .Arg<S32Matrix>()                                              \
+                                    .Arg<S32Vector>()                                              \
+                                    .Arg<S32Vector>()                                              \
+                                    .Ret<ffi::AnyBuffer>()                                         \
+                                    .Ret<pages>()                                                  \
+                                    .Ret<pages>()                                                  \
+                                    .Attr<float>("sm_scale")                                       \
+                                    .Attr<float>("soft_cap")                                       \
+                                    .Attr<int64_t>("sliding_window")                               \
+                                    .Attr<int64_t>("threads"));
+
+JAXSERVE_PAGED_ATTENTION_WRITE(jaxserve_paged_attention_write, F32, F32Rows, F32Pages)
+JAXSERVE_PAGED_ATTENTION_WRITE(jaxserve_paged_attention_write_bf16, U16, Bf16BitsRows, Bf16BitsPages)

@@ -32,6 +32,9 @@ from jaxserve.kernels.cpu import build, matmul
 
 ENV_SWITCH = "JAXSERVE_CPU_ATTENTION"
 TARGETS = {jnp.dtype(jnp.float32): "jaxserve_paged_attention", jnp.dtype(jnp.uint16): "jaxserve_paged_attention_bf16"}
+WRITE_TARGETS = {jnp.dtype(jnp.float32): "jaxserve_paged_attention_write",
+                 jnp.dtype(jnp.uint16): "jaxserve_paged_attention_write_bf16"}
+ROWS_PER_ITEM = 8  # attention.cc's kRowsPerItem: the most new rows a sequence may own in the writing variant
 POOL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16))  # uint16: bf16 bits
 
 
@@ -90,8 +93,29 @@ def _check(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens):
                          f"and cu_q_lens{cu_q_lens.shape} must be [B, M], [B] and [B+1]")
 
 
+def paged_attention_write_cpu(q, k_rows, v_rows, slot_mapping, kt_pages, v_pages, block_tables, context_lens,
+                              cu_q_lens, *, sm_scale=None, soft_cap=None, sliding_window=None, threads=None):
+    """``ragged_paged_attention_cpu`` after writing this step's rows k, v [T, K, D] into their flat slots ``i32[T]``
+    (page * S + offset; negative or past the pool: not written) -> (o [T, H, D], kt_pages, v_pages). The rows must
+    already be in the pools' dtype (float32, or uint16 bf16 bits: ``kv_pool.pool_rows``), and each sequence own at most
+    ``ROWS_PER_ITEM`` rows (decode steps, verify rounds); the kernel refuses more at run time. The pools are aliased to
+    the results: under ``jit`` with them donated, the rows go into the buffers in place, each written by the work
+    item that then reads its page (XLA's scatter, a call apart, missed on every K line of pages written a step ago:
+    SmolLM2 bf16 at batch 64, ~1.4 of a ~30 ms decode step). Same output and pools as ``KVLayer.write`` then the read."""
+    k_rows, v_rows = jnp.asarray(k_rows), jnp.asarray(v_rows)
+    t, p, k, d = q.shape[0], kt_pages.shape[0], kt_pages.shape[1], kt_pages.shape[2]
+    if kt_pages.dtype not in WRITE_TARGETS or {k_rows.dtype, v_rows.dtype, v_pages.dtype} != {kt_pages.dtype}:
+        raise ValueError(f"paged_attention_write_cpu: rows and pools must all be float32 or all uint16 (bf16 bits), "
+                         f"got rows {k_rows.dtype}, {v_rows.dtype} and pools {kt_pages.dtype}, {v_pages.dtype}")
+    if k_rows.shape != (t, k, d) or v_rows.shape != (t, k, d) or jnp.shape(slot_mapping) != (t,):
+        raise ValueError(f"paged_attention_write_cpu: want k, v [{t}, {k}, {d}] and slots [{t}], got "
+                         f"k{k_rows.shape}, v{v_rows.shape}, slots{jnp.shape(slot_mapping)}")
+    return _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scale, soft_cap, sliding_window,
+                   threads, fresh=(k_rows, v_rows, jnp.asarray(slot_mapping).astype(jnp.int32)))
+
+
 def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scale, soft_cap, sliding_window,
-            threads):
+            threads, fresh=None):
     q, kt_pages, v_pages = jnp.asarray(q), jnp.asarray(kt_pages), jnp.asarray(v_pages)
     block_tables, context_lens, cu_q_lens = (jnp.asarray(a).astype(jnp.int32)
                                              for a in (block_tables, context_lens, cu_q_lens))
@@ -108,8 +132,14 @@ def _attend(q, kt_pages, v_pages, block_tables, context_lens, cu_q_lens, sm_scal
     # float32 and bf16 queries go in as they are and the output comes out in their dtype (a bf16 model's attention
     # then has no converts around it: the kernel widens q exactly and rounds o to nearest even, XLA's own converts)
     io = q.dtype if q.dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)) else jnp.dtype(jnp.float32)
-    call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], jax.ShapeDtypeStruct(q.shape, io), vmap_method="sequential")
-    out = call(q.astype(io), kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
-               sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0),
-               sliding_window=int(sliding_window or 0), threads=threads or matmul.default_threads())
-    return out.astype(q.dtype)
+    attrs = dict(sm_scale=np.float32(sm_scale), soft_cap=np.float32(soft_cap or 0.0),
+                 sliding_window=int(sliding_window or 0), threads=threads or matmul.default_threads())
+    o = jax.ShapeDtypeStruct(q.shape, io)
+    if fresh is None:
+        call = jax.ffi.ffi_call(TARGETS[kt_pages.dtype], o, vmap_method="sequential")
+        return call(q.astype(io), kt_pages, v_pages, block_tables, context_lens, cu_q_lens, **attrs).astype(q.dtype)
+    pools = (jax.ShapeDtypeStruct(kt_pages.shape, kt_pages.dtype), jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype))
+    call = jax.ffi.ffi_call(WRITE_TARGETS[kt_pages.dtype], (o, *pools), input_output_aliases={4: 1, 5: 2})
+    out, kt_pages, v_pages = call(q.astype(io), *fresh, kt_pages, v_pages, block_tables, context_lens, cu_q_lens,
+                                  **attrs)
+    return out.astype(q.dtype), kt_pages, v_pages
