@@ -12,7 +12,7 @@ fused q/k/v GEMM, attention, o, gate/up with its SiLU, down) and the LM head, wi
 steps (thunks nest: a ``cond`` counts the calls of its branch, e.g. the greedy head); last, the host's share of a
 step (``host_share``: the time no program ran, and how much of it the jitted calls spent before their program
 started; tracing slows the Python side, so these read high). Workloads as compare.py's: batch64 (64 requests
-64 -> 128), batch1, sharegpt.
+64 -> 128), batch1, sharegpt, prefill64 (batch64's prompts, one output token each: its prefill steps alone).
 """
 import argparse
 import bisect
@@ -31,7 +31,8 @@ from jaxserve.bench.backends import BenchOptions, JaxserveBackend
 from jaxserve.bench.throughput import load_model
 from jaxserve.bench.workload import make_workload
 
-WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "sharegpt": (64, None, None)}  # requests, in, out
+WORKLOADS = {"batch64": (64, 64, 128), "batch1": (1, 64, 128), "sharegpt": (64, None, None),  # requests, in, out
+             "prefill64": (64, 64, 1)}
 
 
 def thunk_kind(event: dict) -> str:
