@@ -14,8 +14,6 @@ layer in place; a stacked ``lax.scan`` layout copies the cache every step (docs/
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -52,12 +50,11 @@ class KVLayer:
         # Indexed by (page, offset), not through a [P*S, K, D] reshape: with one KV head that reshape
         # let XLA:CPU give the scattered pool a permuted layout and copy every layer's whole pool back
         # (in the engine's speculative round, ~4 ms of copies per round for the 1-head draft).
-        cast = functools.partial(pool_rows, pool_dtype=self.v.dtype)
-        new_v = self.v.at[page, offset].set(cast(v), mode="drop")
+        new_v = self.v.at[page, offset].set(pool_rows(v, self.v.dtype), mode="drop")
         if self.k_tokens_minor:
-            new_k = self.k.at[page, :, :, offset].set(cast(k), mode="drop")
+            new_k = self.k.at[page, :, :, offset].set(pool_rows(k, self.k.dtype), mode="drop")
         else:
-            new_k = self.k.at[page, offset].set(cast(k), mode="drop")
+            new_k = self.k.at[page, offset].set(pool_rows(k, self.k.dtype), mode="drop")
         return self.replace(k=new_k, v=new_v)
 
 

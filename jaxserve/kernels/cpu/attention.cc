@@ -540,10 +540,8 @@ ffi::Error PagedAttentionWrite(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buff
       return ffi::Error::InvalidArgument("paged_attention_write: a sequence owns more than 8 rows");
   KV* kt = reinterpret_cast<KV*>(kt_out->typed_data());
   KV* v = reinterpret_cast<KV*>(v_out->typed_data());
-  const size_t pool_bytes = size_t(kd[0]) * kd[1] * kd[2] * kd[3] * sizeof(KV);
-  // (aliased: the same buffers; were they not, the results must start as the pools)
-  if (static_cast<const void*>(kt) != kt_pages.untyped_data()) std::memcpy(kt, kt_pages.untyped_data(), pool_bytes);
-  if (static_cast<const void*>(v) != v_pages.untyped_data()) std::memcpy(v, v_pages.untyped_data(), pool_bytes);
+  if (static_cast<const void*>(kt) != kt_pages.untyped_data() || static_cast<const void*>(v) != v_pages.untyped_data())
+    return ffi::Error::InvalidArgument("paged_attention_write: the pools must be aliased to the 2nd and 3rd results");
   const Fresh<KV> fresh{reinterpret_cast<const KV*>(k_rows.typed_data()),
                         reinterpret_cast<const KV*>(v_rows.typed_data()), slots.typed_data()};
   return attention_call<kKV>(pool, q, kt_pages, v_pages, kt, v, block_tables, context_lens, cu_q_lens, *out,
