@@ -29,8 +29,8 @@ from jaxserve.cache.kv_pool import KVLayer, KVPool
 from jaxserve.config import ModelConfig
 from jaxserve.models.attention import AttentionMetadata, causal_attention, write_and_attend
 from jaxserve.models.attention_backends import attention_backend
-from jaxserve.layers import (RMSNorm, SwiGLU, dense, int8_logits, packed_logits, packed_residual, rope, rope_inv_freq,
-                             rope_tables, tied_logits)
+from jaxserve.layers import (RMSNorm, SwiGLU, dense, holds_packed, int8_logits, packed_logits, packed_residual, rope,
+                             rope_inv_freq, rope_tables, tied_logits)
 from jaxserve.moe.layer import MoEBlock
 from jaxserve.moe.parallel import expert_parallel_routed
 from jaxserve.moe.tensor_parallel import tensor_parallel_routed
@@ -72,7 +72,7 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, positions, rope_cos_sin: tuple[jax.Array, jax.Array], kv: KVLayer | None = None,
                  meta: AttentionMetadata | None = None, residual: jax.Array | None = None):
-        """``rope_cos_sin``: RoPE's tables for ``positions`` at this layer's frequencies (``rope_tables``), which the
+        """x [..., E], or the input norm's ``NormedRows`` (the q/k/v projections take it). ``rope_cos_sin``: RoPE's tables for ``positions`` at this layer's frequencies (``rope_tables``), which the
         model computes once per forward for all its layers. ``residual``: the stream the output is added to (the
         result is then their sum, fused into the o projection's GEMM where its kernel is packed)."""
         c = self.config
@@ -116,11 +116,15 @@ class DecoderLayer(nn.Module):
             h, kv = attn(_norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta)
             x = x + _norm(c, "post_attention_norm")(h)
             return x + _norm(c, "post_feedforward_norm")(self._mlp(c, dt)(_norm(c, "pre_feedforward_norm")(x))), kv
-        # x + attn(...), x + mlp(...): the adds go into the projections (fused where the kernels are packed)
-        x, kv = attn(_norm(c, "input_norm")(x), positions, rope_cos_sin, kv, meta, residual=x)
+        # x + attn(...), x + mlp(...): the adds go into the projections, and the norms' last multiplies into the
+        # packed GEMMs reading them (NormedRows), where the kernels are packed
+        h = _norm(c, "input_norm")(x, deferred=holds_packed(self, "attn", "qkv_proj"))
+        x, kv = attn(h, positions, rope_cos_sin, kv, meta, residual=x)
         mlp = self._mlp(c, dt)
-        h = _norm(c, "post_attention_norm")(x)
-        return (mlp(h, residual=x) if isinstance(mlp, SwiGLU) else x + mlp(h)), kv
+        if isinstance(mlp, SwiGLU):
+            return mlp(_norm(c, "post_attention_norm")(x, deferred=holds_packed(self, "mlp", "gate_up_proj")),
+                       residual=x), kv
+        return x + mlp(_norm(c, "post_attention_norm")(x)), kv
 
     def _mlp(self, c: ModelConfig, dt):
         if c.is_moe_layer(self.layer_idx):  # router stats are sown into "moe_stats"

@@ -1,6 +1,6 @@
 // The AMX bf16 GEMMs (jaxserve/kernels/cpu/amx.cc, included whole: [K, N], [N, K] and packed) on buffers that end
 // at, or (argument "front") start at, a PROT_NONE page: a read or write outside a buffer faults. The shapes reach
-// every ragged edge: M past whole tiles and row blocks (1, 17, 33, 50), K below and past whole 32-k blocks (the
+// every ragged edge (the packed one also normalizing the rows it reads: XRows): M past whole tiles and row blocks (1, 17, 33, 50), K below and past whole 32-k blocks (the
 // [N, K] kernel then copies ragged rows of e instead of loading tiles from it), N past 16-column tiles, 32-column
 // blocks, the 256-wide chunks and the packed kernel's pairs of 32-column groups. Results are checked against a
 // double-precision reference of the same operands (x rounded to bf16).
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   ffi::ThreadPool& pool = *reinterpret_cast<ffi::ThreadPool*>(no_pool);
   double worst = 0;
   float worst_bf16 = 0;
-  int64_t outputs = 0;
+  int64_t outputs = 0, normed_differ = 0;
   std::vector<float> silu(65536);  // the gated epilogue's table: SiLU of every bf16 value, rounded to bf16
   for (int64_t b = 0; b < 65536; ++b) {
     const float v = from_bf16(uint16_t(b));
@@ -80,6 +80,14 @@ int main(int argc, char** argv) {
         gemm_packed_bf16x(pool, XRows{xb, false}, M, K, packed, N, yb, kBf16, nullptr, 1);
         for (int64_t i = 0; i < M * N; ++i)
           worst_bf16 = std::max(worst_bf16, std::fabs(from_bf16(yb[i]) - y[i]) / std::max(std::fabs(y[i]), 1e-30f));
+        // the same rows with a norm the GEMM applies (XRows' inv_rms and scale, both 1 here): the same bits
+        float* inv_rms = guarded<float>(M);
+        uint16_t* scale = guarded<uint16_t>(K);
+        std::fill_n(inv_rms, M, 1.0f);
+        std::fill_n(scale, K, to_bf16(1.0f));
+        uint16_t* yn = guarded<uint16_t>(M * N);
+        gemm_packed_bf16x(pool, XRows{xb, false, inv_rms, scale}, M, K, packed, N, yn, kBf16, nullptr, 1);
+        normed_differ += std::memcmp(yn, yb, M * N * 2) != 0;
         if (N % 64 == 0) {
           const int64_t I = N / 2;
           uint16_t* h = guarded<uint16_t>(M * I);
@@ -92,8 +100,9 @@ int main(int argc, char** argv) {
             }
         }
       }
-  std::printf("outputs %ld worst %.3g worst bf16 %.3g\n", long(outputs), worst, worst_bf16);
+  std::printf("outputs %ld worst %.3g worst bf16 %.3g normed shapes differing %ld\n", long(outputs), worst, worst_bf16,
+              long(normed_differ));
   // float32 sums of exact products: K roundings of at most 2^-24 each, K <= 100; one bf16 rounding (2^-8 relative:
   // NaN-free finite values), and for the gated values two
-  return worst <= 1e-6 && worst_bf16 <= 1.0f / 64 ? 0 : 1;
+  return worst <= 1e-6 && worst_bf16 <= 1.0f / 64 && normed_differ == 0 ? 0 : 1;
 }

@@ -13,8 +13,8 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, pack_bf16, pack_dense_kernels,
-                                         pack_tied_head, packed_argmax)
+from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, normed_reference, pack_bf16,
+                                         pack_dense_kernels, pack_tied_head, packed_argmax)
 from jaxserve.activations import ACTIVATIONS
 from jaxserve.layers import dense
 from jaxserve.models import forward_full, get_preset, init_params
@@ -354,3 +354,73 @@ def test_packed_gemm_refuses_a_bad_residual():
     with pytest.raises(ValueError, match=r"a residual must be bf16\[3, 96\] with out_dtype=bfloat16 and no activation, "
                                          r"got float32\(3, 96\)"):
         bf16_gemm_packed(jnp.ones((3, 64)), p, out_dtype=jnp.bfloat16, residual=jnp.ones((3, 96)))
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, n", [(1, 576, 960), (5, 50, 64), (64, 576, 3072), (100, 80, 96)])
+@pytest.mark.parametrize("epilogue", ["f32", "bf16", "gated", "residual"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_norm_applied_by_the_gemm_gives_the_bits_of_the_normed_rows(m, k, n, epilogue, threads):
+    """``norm=(inv_rms, scale)``: the GEMM of bf16 rows normed as it reads them equals the GEMM of
+    ``normed_reference``'s rows (XLA's multiplies, each rounded to bf16), bit for bit, with every epilogue."""
+    if epilogue == "gated" and n % 64:
+        pytest.skip("a gated weight needs N = 2 I, I a multiple of 32")
+    rng = np.random.default_rng(m + k)
+    x = jnp.asarray(rng.standard_normal((m, k)) * 3, jnp.bfloat16)
+    inv_rms = jnp.asarray(rng.uniform(0.1, 2.0, m), jnp.float32)
+    scale = jnp.asarray(rng.standard_normal(k), jnp.bfloat16)
+    p = pack_bf16(_weight(k, n, m) * 0.05)
+    kw = {"f32": {}, "bf16": dict(out_dtype=jnp.bfloat16), "gated": dict(activation="silu"),
+          "residual": dict(out_dtype=jnp.bfloat16, residual=jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16))}
+    gemm = lambda x, **norm: bf16_gemm_packed(x, p, threads=threads, **kw[epilogue], **norm)  # noqa: E731
+    got = jax.jit(lambda x, r, s: gemm(x, norm=(r, s)))(x, inv_rms, scale)
+    want = jax.jit(lambda x, r, s: gemm(normed_reference(x, r, s)))(x, inv_rms, scale)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@needs_amx
+def test_norm_applied_by_the_gemm_has_the_gradient_of_the_normed_rows():
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.bfloat16)
+    r, s, p = jnp.asarray([0.5, 1.0, 2.0], jnp.float32), jnp.asarray(rng.standard_normal(64), jnp.bfloat16), \
+        pack_bf16(_weight(64, 32))
+    loss = lambda f: lambda r: f(r).astype(jnp.float32).sum()  # noqa: E731
+    got = jax.grad(loss(lambda r: bf16_gemm_packed(x, p, norm=(r, s))))(r)
+    want = jax.grad(loss(lambda r: bf16_gemm_packed(normed_reference(x, r, s), p)))(r)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@needs_amx
+def test_packed_gemm_refuses_a_bad_norm():
+    p, r, s = pack_bf16(_weight(64, 32)), jnp.ones(3, jnp.float32), jnp.ones(64, jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"a norm needs bf16 x \[M, 64\], inv_rms f32\[M\] and scale bf16\[64\], got "
+                                         r"x float32\(3, 64\), inv_rms float32\(3,\), scale bfloat16\(64,\)"):
+        bf16_gemm_packed(jnp.ones((3, 64), jnp.float32), p, norm=(r, s))
+    with pytest.raises(ValueError, match=r"got x bfloat16\(3, 64\), inv_rms float32\(2,\), scale bfloat16\(64,\)"):
+        bf16_gemm_packed(jnp.ones((3, 64), jnp.bfloat16), p, norm=(r[:2], s))
+
+
+def _normed_gemm_calls(lowered_text: str) -> int:
+    """The packed GEMM calls in a lowered program that apply a norm (a non-empty bf16 scale operand)."""
+    calls = [line for line in lowered_text.splitlines() if "@jaxserve_bf16_gemm_packed" in line]
+    assert calls
+    return sum("tensor<0xbf16>" not in line for line in calls)
+
+
+@needs_amx
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_norms_applied_by_the_projections_give_the_bits_of_the_norms(preset, monkeypatch):
+    """A packed bf16 model hands its input and post-attention norms to the q/k/v and gate/up GEMMs (``NormedRows``):
+    the logits are those of the same packed model computing the norms in XLA, bit for bit."""
+    from jaxserve.models import transformer
+    config = get_preset(preset).replace(dtype="bfloat16", intermediate_size=96)
+    params = pack_dense_kernels(init_params(config, jax.random.key(0)))
+    tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, config.vocab_size)
+    run = lambda: jax.jit(forward_full, static_argnums=1)(params, config, tokens)  # noqa: E731
+    lowered = lambda: jax.jit(forward_full, static_argnums=1).lower(params, config, tokens).as_text()  # noqa: E731
+    assert _normed_gemm_calls(lowered()) == 2 * config.num_layers
+    fused = np.asarray(run(), np.float32)
+    monkeypatch.setattr(transformer, "holds_packed", lambda *a: False)
+    jax.clear_caches()
+    assert _normed_gemm_calls(lowered()) == 0
+    np.testing.assert_array_equal(fused, np.asarray(run(), np.float32))

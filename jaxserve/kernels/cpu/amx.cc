@@ -45,10 +45,14 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// x [M, K] as the caller of the packed GEMM holds it: float32 or bf16 rows, K apart.
+// x [M, K] as the caller of the packed GEMM holds it: float32 or bf16 rows, K apart; with inv_rms (bf16 rows only)
+// an RMSNorm still to apply: the GEMM's A is bf16(bf16(x[m, k] * inv_rms[m]) * scale[k]), the bits of the norm's
+// last multiplies in a bf16 model's graph (jaxserve.layers.NormedRows), each product rounded to nearest even.
 struct XRows {
   const void* data;
   bool f32;
+  const float* inv_rms = nullptr;      // f32[M]
+  const uint16_t* scale = nullptr;     // bf16[K]
 };
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -372,8 +376,29 @@ const uint16_t* x_bf16_padded(const uint16_t* x, int64_t M, int64_t K, int64_t M
   return out;
 }
 
-// x as this thread's padded bf16 tiles (x_to_bf16 / x_bf16_padded into its own scratch).
+// bf16 x [M, K] normed (XRows: bf16(bf16(x * inv_rms[m]) * scale[k])) -> bf16 [Mp, Kp], x_bf16_padded's layout.
+// Products of float32 values rounded once each, as XLA's fusion of those multiplies computes them.
+const uint16_t* x_normed_padded(const uint16_t* x, const float* inv_rms, const uint16_t* scale, int64_t M, int64_t K,
+                                int64_t Mp, int64_t Kp) {
+  uint16_t* out = scratch<uint16_t, kXa>(Mp * Kp);
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512 r = _mm512_set1_ps(inv_rms[m]);
+    for (int64_t k = 0; k < Kp; k += 16) {
+      const __mmask16 cols = mask16(K - k);  // (zeros past K: bf16 0 * anything finite is 0)
+      const __m512 xk = widen_bf16(_mm256_maskz_loadu_epi16(cols, x + m * K + k));
+      const __m512 sk = widen_bf16(_mm256_maskz_loadu_epi16(cols, scale + k));
+      const __m256i h = bf16_bits(_mm512_mul_ps(widen_bf16(bf16_bits(_mm512_mul_ps(xk, r))), sk));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + m * Kp + k), _mm256_maskz_mov_epi16(cols, h));
+    }
+  }
+  std::fill(out + M * Kp, out + Mp * Kp, uint16_t(0));
+  return out;
+}
+
+// x as this thread's padded bf16 tiles (x_to_bf16 / x_bf16_padded / x_normed_padded into its own scratch).
 const uint16_t* padded_rows(XRows x, int64_t M, int64_t K, int64_t Mp, int64_t Kp) {
+  if (x.inv_rms != nullptr)
+    return x_normed_padded(static_cast<const uint16_t*>(x.data), x.inv_rms, x.scale, M, K, Mp, Kp);
   return x.f32 ? x_to_bf16(static_cast<const float*>(x.data), M, K, Mp, Kp)
                : x_bf16_padded(static_cast<const uint16_t*>(x.data), M, K, Mp, Kp);
 }
@@ -640,10 +665,11 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
 // y = x @ w, w [K, N] as pack_bf16 packed it: bf16[ceil(N / 32), round_up(K, 32) * 32] (N the attribute n); x f32
 // or bf16 [M, K]; y as the attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], bf16[M, N / 2] for a gated
 // [gate | up] weight, whose activation table aux is f32[65536], i32[M], or bf16[M, N] adding the residual aux;
-// the others take any aux, unread).
+// the others take any aux, unread). inv_rms f32[M] and scale bf16[K], or both empty: an RMSNorm the GEMM applies
+// to bf16 rows of x as it reads them (XRows).
 ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16, 2> packed,
-                          ffi::AnyBuffer aux, ffi::Result<ffi::AnyBuffer> y, int64_t threads,
-                          int64_t epilogue, int64_t N) {
+                          ffi::AnyBuffer aux, ffi::Buffer<ffi::F32, 1> inv_rms, ffi::Buffer<ffi::BF16, 1> scale,
+                          ffi::Result<ffi::AnyBuffer> y, int64_t threads, int64_t epilogue, int64_t N) {
   const std::string name = "bf16_gemm_packed";
   if (!amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
   if (epilogue < kF32 || epilogue > kResidualBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
@@ -666,8 +692,16 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
   if (epilogue == kResidualBf16 && (aux.element_type() != ffi::DataType::BF16 || aux.dimensions().size() != 2 ||
                                     aux.dimensions()[0] != M || aux.dimensions()[1] != N))
     return ffi::Error::InvalidArgument(name + ": a residual epilogue needs a bf16 residual [M, N]");
+  const bool normed = inv_rms.element_count() != 0 || scale.element_count() != 0;
+  if (normed && (x.element_type() != ffi::DataType::BF16 || inv_rms.dimensions()[0] != M ||
+                 scale.dimensions()[0] != K))
+    return ffi::Error::InvalidArgument(name + ": a norm to apply needs bf16 x [M, K], inv_rms f32[M], scale bf16[K]");
   if (M == 0 || N == 0) return ffi::Error::Success();
-  const XRows rows{x.untyped_data(), x.element_type() == ffi::DataType::F32};
+  XRows rows{x.untyped_data(), x.element_type() == ffi::DataType::F32};
+  if (normed) {
+    rows.inv_rms = inv_rms.typed_data();
+    rows.scale = reinterpret_cast<const uint16_t*>(scale.typed_data());
+  }
   gemm_packed_bf16x(pool, rows, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
                     Epilogue(epilogue), aux.untyped_data(), threads);
   return ffi::Error::Success();
@@ -677,6 +711,8 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
+using F32Vector = ffi::Buffer<ffi::F32, 1>;
+using Bf16Vector = ffi::Buffer<ffi::BF16, 1>;
 
 #define JAXSERVE_BF16_GEMM(name, nk)                                                               \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name, Bf16Gemm<nk>,                                                \
@@ -696,6 +732,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<Bf16Matrix>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<F32Vector>()
+                                  .Arg<Bf16Vector>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("epilogue")

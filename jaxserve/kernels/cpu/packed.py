@@ -139,7 +139,8 @@ def activation_table(activation: str) -> np.ndarray:
 
 
 def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None, out_dtype=jnp.float32,
-                     activation: str | None = None, residual: jax.Array | None = None) -> jax.Array:
+                     activation: str | None = None, residual: jax.Array | None = None,
+                     norm: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """x f32/bf16[M, K] @ w (a ``PackedBf16`` of shape [K, N]) -> f32[M, N]: x rounded to bf16, exact products summed
     in float32 by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same k order). A row's
     result does not depend on M or the threads. Needs ``matmul.amx_usable()``. Differentiable in x (the JVP uses
@@ -150,7 +151,9 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
     and the result bf16[M, I] = act(gate) * up with gate and up rounded to bf16 and every op of the graph rounding
     to bf16, as a bf16 model computes it unfused (``activation_table``), bit for bit. ``residual`` (bf16[M, N], with
     ``out_dtype=bfloat16``): the result is ``residual + product`` in bf16, XLA's add of the two, bit for bit (a
-    projection into the residual stream, without the projection written apart)."""
+    projection into the residual stream, without the projection written apart). ``norm`` (inv_rms f32[M], scale
+    bf16[K], with bf16 x): the GEMM multiplies ``normed_reference(x, inv_rms, scale)``, an RMSNorm's output, instead
+    of x, computing it as it reads the rows (its bits; the normed matrix is never written)."""
     x = jnp.asarray(x)
     k, n = w.shape
     if x.ndim != 2 or x.shape[1] != k:
@@ -169,6 +172,15 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
                                  or residual.shape != (x.shape[0], n)):
         raise ValueError(f"bf16_gemm_packed: a residual must be bf16[{x.shape[0]}, {n}] with out_dtype=bfloat16 and "
                          f"no activation, got {residual.dtype}{tuple(residual.shape)}")
+    if norm is not None:
+        inv_rms, scale = (jnp.asarray(a) for a in norm)
+        if (x.dtype != jnp.bfloat16 or inv_rms.dtype != jnp.float32 or inv_rms.shape != (x.shape[0],)
+                or scale.dtype != jnp.bfloat16 or scale.shape != (k,)):
+            raise ValueError(f"bf16_gemm_packed: a norm needs bf16 x [M, {k}], inv_rms f32[M] and scale bf16[{k}], "
+                             f"got x {x.dtype}{tuple(x.shape)}, inv_rms {inv_rms.dtype}{tuple(inv_rms.shape)}, "
+                             f"scale {scale.dtype}{tuple(scale.shape)}")
+    else:
+        inv_rms, scale = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.bfloat16)
     if build.load() is None or not amx_granted():
         raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
                            "built, or Linux refused the tile state)")
@@ -176,7 +188,13 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
                 else None if out_dtype == jnp.float32 else "bf16")
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
     aux = residual if residual is not None else jnp.zeros((0,), jnp.float32)
-    return _gemm_x(x, w.data, aux, w.shape, threads or default_threads(), epilogue, activation)
+    return _gemm_x(x, w.data, aux, inv_rms, scale, w.shape, threads or default_threads(), epilogue, activation)
+
+
+def normed_reference(x: jax.Array, inv_rms: jax.Array, scale: jax.Array) -> jax.Array:
+    """The rows the GEMM multiplies with ``norm=(inv_rms, scale)``: bf16 x [M, K] times its row's inv_rms f32[M],
+    rounded to bf16, times scale bf16[K] (RMSNorm's last multiplies in a bf16 model: ``jaxserve.layers.NormedRows``)."""
+    return scale * (x.astype(jnp.float32) * inv_rms[:, None]).astype(jnp.bfloat16)
 
 
 def gated_reference(y: jax.Array, activation: str) -> jax.Array:
@@ -185,22 +203,22 @@ def gated_reference(y: jax.Array, activation: str) -> jax.Array:
     return ACTIVATIONS[activation](gate) * up
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5, 6))
-def _gemm_x(x, data, aux, shape, threads, epilogue, activation):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
+def _gemm_x(x, data, aux, inv_rms, scale, shape, threads, epilogue, activation):
     m, n = x.shape[0], shape[1]
     out = jax.ShapeDtypeStruct((m, n // 2 if epilogue == "gated" else n),
                                jnp.float32 if epilogue is None else jnp.bfloat16)
     if activation:
         aux = activation_table(activation)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", out, vmap_method="sequential")
-    return call(x, data, aux, threads=threads, epilogue=_EPILOGUES[epilogue], n=n)
+    return call(x, data, aux, inv_rms, scale, threads=threads, epilogue=_EPILOGUES[epilogue], n=n)
 
 
 @_gemm_x.defjvp
 def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
-    (x, data, aux), (dx, ddata, daux) = primals, tangents
-
-    def reference(x, data, aux):  # the same function through XLA's dot on the unpacked weight
+    def reference(x, data, aux, inv_rms, scale):  # the same function through XLA's dot on the unpacked weight
+        if inv_rms.size:
+            x = normed_reference(x, inv_rms, scale)
         y = jnp.dot(x.astype(jnp.float32), PackedBf16(data, shape).unpack().astype(jnp.float32))
         if epilogue == "gated":
             return gated_reference(y, activation)
@@ -208,8 +226,8 @@ def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
             return aux + y.astype(jnp.bfloat16)
         return y.astype(jnp.float32 if epilogue is None else jnp.bfloat16)
 
-    _, tangent = jax.jvp(reference, (x, data, aux), (dx, ddata, daux))
-    return _gemm_x(x, data, aux, shape, threads, epilogue, activation), tangent
+    _, tangent = jax.jvp(reference, primals, tangents)
+    return _gemm_x(*primals, shape, threads, epilogue, activation), tangent
 
 
 def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
@@ -228,5 +246,5 @@ def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) ->
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0],), jnp.int32),
                             vmap_method="sequential")
-    return call(jax.lax.stop_gradient(x), w.data, np.zeros(0, np.float32), threads=threads or default_threads(),
-                epilogue=_EPILOGUES["argmax"], n=n)
+    return call(jax.lax.stop_gradient(x), w.data, np.zeros(0, np.float32), np.zeros(0, np.float32),
+                np.zeros(0, jnp.bfloat16), threads=threads or default_threads(), epilogue=_EPILOGUES["argmax"], n=n)
