@@ -1,7 +1,7 @@
 """Where a served step's time goes: one workload run under ``jax.profiler``, the XLA:CPU thunks summed by kind.
 
     python benchmarks/profile_step.py [--model smollm2-135m-instruct] [--dtype bfloat16] [--workload batch64]
-                                      [--top 25] [--out profile.json]
+                                      [--top 25] [--out profile.json] [engine.NAME=VALUE ...]
 
 The engine (the same one ``benchmarks/peers/compare.py`` builds: 1 GiB of KV cache, greedy, EOS ignored) is warmed
 up, runs the workload once untraced, then once inside a trace. The Perfetto trace's events are grouped by name with
@@ -125,11 +125,12 @@ def main():
     ap.add_argument("--sharegpt-scale", type=float, default=0.5, help="as compare.py's --sharegpt-scale")
     ap.add_argument("--out")
     ap.add_argument("--trace-dir", help="keep the trace here (default: a temporary directory)")
+    ap.add_argument("overrides", nargs="*", help="jaxserve engine overrides, e.g. engine.max_num_batched_tokens=1024")
     args = ap.parse_args()
     n, prompt, output = WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory() as tmp:
         model = load_model(args.model, 0, tmp)
-        backend = JaxserveBackend(model, BenchOptions(dtype=args.dtype))
+        backend = JaxserveBackend(model, BenchOptions(dtype=args.dtype, overrides=tuple(args.overrides)))
         requests = (make_workload("sharegpt", n, model.config.vocab_size, 1024, length_scale=args.sharegpt_scale)
                     if prompt is None else make_workload("fixed", n, model.config.vocab_size, 1024,
                                                          input_len=(prompt, prompt), output_len=(output, output)))
