@@ -72,9 +72,10 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, positions, rope_cos_sin: tuple[jax.Array, jax.Array], kv: KVLayer | None = None,
                  meta: AttentionMetadata | None = None, residual: jax.Array | None = None):
-        """x [..., E], or the input norm's ``NormedRows`` (the q/k/v projections take it). ``rope_cos_sin``: RoPE's tables for ``positions`` at this layer's frequencies (``rope_tables``), which the
-        model computes once per forward for all its layers. ``residual``: the stream the output is added to (the
-        result is then their sum, fused into the o projection's GEMM where its kernel is packed)."""
+        """x [..., E], or the input norm's ``NormedRows`` (the q/k/v projections take it). ``rope_cos_sin``: RoPE's
+        tables for ``positions`` at this layer's frequencies (``rope_tables``), which the model computes once per
+        forward for all its layers. ``residual``: the stream the output is added to (the result is then their sum,
+        fused into the o projection's GEMM where its kernel is packed)."""
         c = self.config
         lead = x.shape[:-1]
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim

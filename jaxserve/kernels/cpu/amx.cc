@@ -384,7 +384,7 @@ const uint16_t* x_normed_padded(const uint16_t* x, const float* inv_rms, const u
   for (int64_t m = 0; m < M; ++m) {
     const __m512 r = _mm512_set1_ps(inv_rms[m]);
     for (int64_t k = 0; k < Kp; k += 16) {
-      const __mmask16 cols = mask16(K - k);  // (zeros past K: bf16 0 * anything finite is 0)
+      const __mmask16 cols = mask16(K - k);  // lanes past K stored as zeros, whatever inv_rms holds
       const __m512 xk = widen_bf16(_mm256_maskz_loadu_epi16(cols, x + m * K + k));
       const __m512 sk = widen_bf16(_mm256_maskz_loadu_epi16(cols, scale + k));
       const __m256i h = bf16_bits(_mm512_mul_ps(widen_bf16(bf16_bits(_mm512_mul_ps(xk, r))), sk));
