@@ -993,14 +993,16 @@ inline void fp4_scales(__m256i bytes, float ts, __m256 (&s)[4]) {
 
 // Rows [r0, r0 + rows) of codes (one block), G x 32 columns from n0 (`left` of them inside the matrix; below 32 only
 // for a tail, G = 1), times MT rows of x: acc[i][0 .. 32 G) += scale x block sum, in group order. Each sum takes
-// one FMA per codes row and 32-column group for each of x's 2 elements; with 4 sums a row (MT = G = 1) those 2
-// would wait on the FMA latency, so that tile keeps the even and odd k apart (8 chains). MT x G = 2 has 8 chains.
+// one FMA per codes row and 32-column group for each of x's 2 elements, k in order, in every tile shape: which tile
+// a column lands in depends on M (pairs of rows, 64-column tiles at M = 1, tails), its sums must not. (A tile of
+// MT = G = 1 once kept the even and odd k apart, two chains added at the end, for the FMA latency: a row's columns
+// then summed differently alone and in a batch, on the CPUs that run this AVX2 kernel.)
 template <int kKind, int MT, int G, bool kFull>
 inline void fp4_block_rows(const float* x, int64_t K, const uint8_t* codes, const uint8_t* scale_row, float ts,
                            int64_t N, int64_t r0, int64_t rows, int64_t n0, int64_t left, bool prefetch,
                            const Fp4Tables& t, float* acc) {
   static_assert(MT * G <= 2 && (kFull || G == 1));
-  constexpr int P = MT * G == 1 ? 2 : 1;
+  constexpr int P = 1;  // chains per sum (see above)
   __m256 sum[MT][P][4 * G];
   for (int i = 0; i < MT; ++i)
     for (int p = 0; p < P; ++p)
