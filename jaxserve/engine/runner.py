@@ -36,7 +36,7 @@ from jaxserve.engine.batching import (BucketPolicy, PackedStep, RunnerOutput, Sa
                                       sample_rows, sampling_columns)
 from jaxserve.engine.proposer import DRAFT_POOL_METHODS, HIDDEN_METHODS, Proposer
 from jaxserve.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxserve.kernels.cpu import amx_usable
+from jaxserve.kernels.cpu import packed_impl
 from jaxserve.kernels.cpu.int8_head import with_int8_head
 from jaxserve.kernels.cpu.packed import pack_bf16, pack_dense_kernels, pack_tied_head
 from jaxserve.models.attention import AttentionMetadata
@@ -76,15 +76,16 @@ def _piece(e: ScheduledSequence, start: int, n: int, block_size: int) -> Schedul
                              e.sampling_params, seq=e.seq)
 
 
-def packs_for_amx(config: ModelConfig) -> bool:
-    """Whether a runner packs the model's Dense kernels for AMX tiles (``jaxserve.kernels.cpu.packed``): bf16 matmuls
-    on one CPU device with AMX (``amx_usable``; ``JAXSERVE_CPU_AMX=0`` turns it off). Every row count then runs the
-    same tile GEMM, with no packing per call (SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x), and
-    q/k/v and gate/up run as one GEMM each (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the
-    same bits in any batch and at any row count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a
-    bf16 request decodes alone as in a batch, and greedy speculation gives the plain engine's bits
-    (tests/engine/test_smollm2.py)."""
-    return jnp.dtype(config.matmul_dtype or config.dtype) == jnp.bfloat16 and amx_usable()  # (loads the kernels)
+def packs_weights(config: ModelConfig) -> bool:
+    """Whether a runner packs the model's Dense kernels (``jaxserve.kernels.cpu.packed``): bf16 matmuls on one CPU
+    device with the kernels built (``packed_impl``: AMX tiles, or float32 FMAs on a CPU without them;
+    ``JAXSERVE_CPU_KERNELS=0`` turns it off). Every row count then runs the same packed GEMM, with no packing per
+    call (on AMX, SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x; without AMX, at batch 64 in place
+    of XLA's bf16 dot: benchmarks/RESULTS.md), and q/k/v and gate/up run as one GEMM each
+    (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the same bits in any batch and at any row
+    count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a bf16 request decodes alone as in a
+    batch, and greedy speculation gives the plain engine's bits (tests/engine/test_smollm2.py)."""
+    return jnp.dtype(config.matmul_dtype or config.dtype) == jnp.bfloat16 and packed_impl() is not None
 
 
 class ModelRunner:
@@ -108,7 +109,7 @@ class ModelRunner:
         pack = layout is None and weight_layout == "auto"  # (EngineConfig.weight_layout)
         if lm_head_quantization == "int8":  # (EngineConfig.lm_head_quantization: one device)
             self.params = with_int8_head(self.params, config.tie_word_embeddings)
-        if pack and packs_for_amx(config):
+        if pack and packs_weights(config):
             self.params = pack_dense_kernels(self.params)
             if config.tie_word_embeddings and lm_head_quantization is None:  # (not the draft's: its sampled rounds
                 self.params = pack_tied_head(self.params)                 # read its embedding as stored)
@@ -140,11 +141,11 @@ class ModelRunner:
             # on a mesh the proposer (draft model, Medusa heads) and its pool are replicated: it is small
             place = to_device if layout is None else layout.place_replicated
             self.proposer = dataclasses.replace(proposer, params=place(proposer.params), head=place(proposer.head))
-            if pack and proposer.method in DRAFT_POOL_METHODS and packs_for_amx(proposer.config):
+            if pack and proposer.method in DRAFT_POOL_METHODS and packs_weights(proposer.config):
                 self.proposer = dataclasses.replace(self.proposer, params=pack_dense_kernels(self.proposer.params))
             if proposer.method == "eagle":  # its head: the target's own, cut to the draft's token ids
                 head = eagle_head(unpacked, config, proposer.head)
-                if pack and packs_for_amx(proposer.config) and head.kernel.dtype == jnp.bfloat16:
+                if pack and packs_weights(proposer.config) and head.kernel.dtype == jnp.bfloat16:
                     head = head.replace(kernel=pack_bf16(head.kernel))  # greedy drafts: packed_argmax
                 self.proposer = dataclasses.replace(self.proposer, head=head)
             if proposer.method in DRAFT_POOL_METHODS:

@@ -145,21 +145,21 @@ def test_bfloat16_smollm2_request_gets_the_same_bits_alone_and_in_a_batch():
 
 @pytest.mark.slow  # two 30-layer bf16 engines compiled in a subprocess (~40 s here)
 def test_bfloat16_smollm2_suffix_speculation_gives_the_plain_engines_bits():
-    """Greedy suffix speculation verifies up to 9 rows of a chat in one pass; with row-invariant matmuls (AMX tiles)
+    """Greedy suffix speculation verifies up to 9 rows of a chat in one pass; with row-invariant matmuls (the packed GEMM)
     its tokens and log-probs are the plain engine's, bit for bit. RMSNorm's ``jnp.mean`` once reduced 1-row and
     9-row calls in different orders: two of these chats drifted from their 9th and 32nd tokens."""
-    from jaxserve.kernels.cpu.matmul import amx_granted
-    if not amx_granted():  # elsewhere a bf16 matmul of 1 row and of 9 rows may round differently
-        pytest.skip("the bf16 matmuls are row-invariant only on AMX tiles")
+    from jaxserve.kernels.cpu.matmul import packed_impl
+    if packed_impl() is None:  # elsewhere a bf16 matmul of 1 row and of 9 rows may round differently
+        pytest.skip("the bf16 matmuls are row-invariant only in the packed GEMM (the CPU kernels)")
     run_bits_script("suffix")
 
 
 @pytest.mark.slow  # two 30-layer bf16 engines compiled in a subprocess (~40 s here)
 def test_bfloat16_smollm2_multi_step_decoding_gives_the_plain_engines_bits():
     """Four decode steps in one program (``num_scheduler_steps=4``): the plain engine's tokens and log-probs, greedy
-    and sampled, bit for bit (the draws' keys come from the position, and the AMX matmuls are row-invariant, so the
+    and sampled, bit for bit (the draws' keys come from the position, and the packed matmuls are row-invariant, so the
     batch buckets a multi-step keeps while requests end do not change a row's bits)."""
-    from jaxserve.kernels.cpu.matmul import amx_granted
-    if not amx_granted():
-        pytest.skip("the bf16 matmuls are row-invariant only on AMX tiles")
+    from jaxserve.kernels.cpu.matmul import packed_impl
+    if packed_impl() is None:
+        pytest.skip("the bf16 matmuls are row-invariant only in the packed GEMM (the CPU kernels)")
     run_bits_script("multi_step")

@@ -1,9 +1,11 @@
 """bf16 Dense kernels packed once for AMX tiles (``jaxserve.kernels.cpu.packed``): the layout against the [K, N]
-weight, the packed GEMM against ``bf16_gemm`` bit for bit, its row invariance, the Dense layer that reads a packed
-kernel, and the engine that packs them (``EngineConfig.weight_layout``).
+weight, the packed GEMM against ``bf16_gemm`` (AMX) and a float32 loop over k (FMA) bit for bit, its row invariance,
+its epilogues, the Dense layer that reads a packed kernel, and the engine that packs them
+(``EngineConfig.weight_layout``).
 
-The layout tests run anywhere; the GEMM and engine tests skip on CPUs without AMX-BF16. (The guard-page harness,
-``cpu_amx_guard_pages.cc``, runs the packed GEMM at every ragged edge: test_cpu_amx.py.)
+The layout tests run anywhere; the GEMM and engine tests wherever the kernels load, the kernel-level ones on each
+implementation the CPU has (``impl``: "fma" everywhere, "amx" with AMX-BF16 tiles), the ones against ``bf16_gemm`` on
+AMX only. (The guard-page harness, ``cpu_amx_guard_pages.cc``, runs both at every ragged edge: test_cpu_amx.py.)
 """
 import jax
 import jax.numpy as jnp
@@ -13,14 +15,26 @@ import pytest
 from jaxserve import LLM, SamplingParams
 from jaxserve.config import EngineConfig
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, gated_reference, normed_reference, pack_bf16,
-                                         pack_dense_kernels, pack_tied_head, packed_argmax)
+from jaxserve.kernels.cpu import packed
+from jaxserve.kernels.cpu.packed import (PackedBf16, bf16_gemm_packed, fma_reference, gated_reference, normed_reference,
+                                         pack_bf16, pack_dense_kernels, pack_tied_head, packed_argmax)
 from jaxserve.activations import ACTIVATIONS
 from jaxserve.layers import dense
 from jaxserve.models import forward_full, get_preset, init_params
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
 
 needs_amx = pytest.mark.skipif(not cpu.amx_usable(), reason="no AMX-BF16 tiles on this CPU (or the kernels)")
+needs_packed = pytest.mark.skipif(cpu.packed_impl() is None, reason="the CPU kernels are unavailable")
+IMPLS = [impl for impl, here in (("fma", cpu.usable()), ("amx", cpu.amx_usable())) if here]
+
+
+@pytest.fixture(params=IMPLS or [None])
+def impl(request, monkeypatch):
+    """Each packed GEMM implementation this CPU has, made the default (``packed_impl``) for the test."""
+    if request.param is None:
+        pytest.skip("the CPU kernels are unavailable")
+    monkeypatch.setattr(packed, "packed_impl", lambda: request.param)
+    return request.param
 
 
 def _weight(k, n, seed=0):
@@ -64,7 +78,7 @@ def test_pack_tied_head_replaces_a_bf16_embedding_only():
     assert pack_tied_head(f32) is f32 and pack_tied_head({"lm_head": {}}) == {"lm_head": {}}
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_packed_tied_head_gives_the_bits_of_the_embedding(preset):
     """A bf16 tied model with its embedding packed as the LM head: the lookups are the embedding's rows and the
@@ -114,7 +128,7 @@ def test_pack_dense_kernels_fuses_the_projections_of_one_input():
     assert set(pack_dense_kernels(params, fuse=False)["attn"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("intermediate, gated", [(176, False), (96, True)])
 def test_fused_projections_give_the_bits_of_separate_ones(preset, intermediate, gated):
@@ -146,8 +160,50 @@ def test_packed_gemm_gives_the_bits_of_bf16_gemm(m, k, n, threads):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(cpu.bf16_gemm(x, w, threads=threads)))
 
 
+@needs_packed
+@pytest.mark.parametrize("m, k, n", [(1, 576, 576), (9, 576, 192), (64, 576, 1536), (37, 1536, 576), (5, 50, 70),
+                                     (13, 64, 33), (16, 1, 17), (3, 0, 40)])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_fma_gemm_is_a_float32_loop_over_k(m, k, n, threads, x_dtype):
+    """impl="fma": every output the float32 sum over k in order of exact products (``fma_reference``), bit for bit,
+    at row counts inside, at and past its row blocks (12 rows with AVX-512), K past whole 32-k blocks, N past
+    32-column groups."""
+    rng = np.random.default_rng(m + k + n)
+    x, w = jnp.asarray(rng.standard_normal((m, k)), x_dtype), _weight(k, n, m)
+    got = jax.jit(lambda x, p: bf16_gemm_packed(x, p, threads=threads, impl="fma"))(x, pack_bf16(w))
+    assert got.shape == (m, n) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), fma_reference(x, w))
+
+
 @needs_amx
-def test_packed_gemm_rows_do_not_depend_on_the_batch_or_threads():
+def test_fma_and_amx_gemms_agree_to_float32_rounding():
+    """The two implementations sum the same exact products in different orders: within K roundings of 2^-24 of the
+    sum of |products|, and not bit for bit."""
+    rng = np.random.default_rng(8)
+    x, w = jnp.asarray(rng.standard_normal((64, 576)), jnp.float32), _weight(576, 960)
+    amx, fma = (np.asarray(bf16_gemm_packed(x, pack_bf16(w), impl=impl), np.float64) for impl in ("amx", "fma"))
+    magnitude = np.abs(np.asarray(x.astype(jnp.bfloat16), np.float64)) @ np.abs(np.asarray(w, np.float64))
+    assert np.all(np.abs(amx - fma) <= 2 * 576 * 2.0 ** -24 * magnitude)
+    assert not np.array_equal(amx, fma)
+
+
+@needs_packed
+def test_packed_gemm_refuses_an_unknown_or_missing_impl():
+    p = pack_bf16(_weight(64, 32))
+    with pytest.raises(ValueError, match=r"bf16_gemm_packed: impl must be 'amx' or 'fma', got 'tiles'"):
+        bf16_gemm_packed(jnp.ones((3, 64)), p, impl="tiles")
+    with pytest.raises(ValueError, match=r"packed_argmax: impl must be 'amx' or 'fma', got 'avx'"):
+        packed_argmax(jnp.ones((3, 64)), p, impl="avx")
+    if cpu.amx_granted():
+        assert bf16_gemm_packed(jnp.ones((3, 64)), p, impl="amx").shape == (3, 32)
+    else:
+        with pytest.raises(RuntimeError, match=r"bf16_gemm_packed: AMX tiles are unavailable .* impl='fma' runs"):
+            bf16_gemm_packed(jnp.ones((3, 64)), p, impl="amx")
+
+
+@needs_packed
+def test_packed_gemm_rows_do_not_depend_on_the_batch_or_threads(impl):
     """A row gives the same bits alone (16-row blocks of one row), in a block of 9, past 32-row pairs, on 1 or 2
     threads: decode rows and verify rows of one request agree."""
     rng = np.random.default_rng(3)
@@ -157,10 +213,10 @@ def test_packed_gemm_rows_do_not_depend_on_the_batch_or_threads():
         np.testing.assert_array_equal(np.asarray(bf16_gemm_packed(x[-rows:], p, threads=threads)), full[-rows:])
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("m, k, n", [(1, 576, 192), (17, 576, 100), (64, 1536, 576), (5, 50, 70)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_packed_gemm_bf16_output_and_input_give_the_float32_results_bits(m, k, n, threads):
+def test_packed_gemm_bf16_output_and_input_give_the_float32_results_bits(impl, m, k, n, threads):
     """out_dtype=bfloat16 rounds the sums in the kernel as XLA's convert rounds the float32 result; a bf16 x gives
     the bits of the same values in float32 (the kernel rounds x to bf16 either way)."""
     rng = np.random.default_rng(m + n)
@@ -173,11 +229,11 @@ def test_packed_gemm_bf16_output_and_input_give_the_float32_results_bits(m, k, n
     np.testing.assert_array_equal(np.asarray(got16, np.float32), np.asarray(want.astype(jnp.bfloat16), np.float32))
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("m, k, i", [(1, 576, 64), (9, 64, 96), (17, 100, 32), (40, 576, 128), (64, 576, 1536)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_gated_epilogue_gives_the_bits_of_the_unfused_graph(activation, m, k, i, threads):
+def test_gated_epilogue_gives_the_bits_of_the_unfused_graph(impl, activation, m, k, i, threads):
     """bf16_gemm_packed(activation=...) on [gate | up] = act(gate) * up of two bf16 GEMMs in one jitted graph (XLA
     rounding every op of it to bf16), bit for bit, at every row count; a row's bits do not depend on the others."""
     rng = np.random.default_rng(m + i)
@@ -193,7 +249,7 @@ def test_gated_epilogue_gives_the_bits_of_the_unfused_graph(activation, m, k, i,
     np.testing.assert_array_equal(np.asarray(alone, np.float32), np.asarray(got[-1:], np.float32))
 
 
-@needs_amx
+@needs_packed
 def test_gated_epilogue_grad_in_x_is_the_unfused_graphs():
     x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 64)), jnp.float32)
     w = _weight(64, 64)
@@ -203,7 +259,7 @@ def test_gated_epilogue_grad_in_x_is_the_unfused_graphs():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-@needs_amx
+@needs_packed
 def test_packed_gemm_refuses_a_bad_epilogue():
     p = pack_bf16(_weight(64, 96))
     with pytest.raises(ValueError, match=r"bf16_gemm_packed: out_dtype must be float32 or bfloat16, got float16"):
@@ -215,14 +271,14 @@ def test_packed_gemm_refuses_a_bad_epilogue():
         bf16_gemm_packed(jnp.ones((3, 64)), p, activation="silu")
 
 
-@needs_amx
+@needs_packed
 def test_packed_gemm_grad_in_x():
     x, w = jnp.ones((3, 64)), _weight(64, 48)
     g = jax.grad(lambda x: bf16_gemm_packed(x, pack_bf16(w)).sum())(x)
     np.testing.assert_allclose(g, np.broadcast_to(np.asarray(w, np.float32).sum(1), x.shape), rtol=1e-6)
 
 
-@needs_amx
+@needs_packed
 def test_packed_gemm_refuses_a_mismatched_x():
     with pytest.raises(ValueError,
                        match=r"bf16_gemm_packed: x must be \[M, 64\] for a \[64, 48\] weight, got x\(3, 32\)"):
@@ -248,7 +304,7 @@ def test_dense_layer_with_a_packed_kernel_gives_the_amx_bits(bias):
     np.testing.assert_array_equal(np.asarray(one, np.float32), np.asarray(got[:1, :1], np.float32))
 
 
-@needs_amx
+@needs_packed
 def test_dense_layer_refuses_a_packed_kernel_of_another_shape():
     layer = dense(48, jnp.bfloat16, "proj")
     params = {"params": {"kernel": pack_bf16(_weight(32, 48))}}
@@ -263,7 +319,7 @@ def test_weight_layout_is_checked():
         EngineConfig(weight_layout=1)
 
 
-@needs_amx
+@needs_packed
 def test_bf16_engine_packs_its_kernels_and_agrees_with_the_stored_layout():
     """A bf16 zoo model: the engine packs every Dense kernel (``weight_layout="auto"``), ``"as_stored"`` keeps
     [K, N] arrays; greedy tokens agree up to a near-tie (the AMX tiles sum in another order than the streaming
@@ -282,10 +338,10 @@ def test_bf16_engine_packs_its_kernels_and_agrees_with_the_stored_layout():
     _assert_greedy_agrees(outs["auto"], outs["as_stored"])
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("m, k, n", [(64, 576, 4096), (1, 576, 1000), (9, 64, 100), (33, 50, 17), (17, 33, 70)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_packed_argmax_is_the_argmax_of_the_bf16_logits(m, k, n, threads):
+def test_packed_argmax_is_the_argmax_of_the_bf16_logits(impl, m, k, n, threads):
     """packed_argmax = jnp.argmax of the bf16 GEMM's result, without the [M, N] matrix: the first maximal column,
     also across the threads' column ranges (rows of equal columns: the first one)."""
     rng = np.random.default_rng(m + n)
@@ -299,7 +355,7 @@ def test_packed_argmax_is_the_argmax_of_the_bf16_logits(m, k, n, threads):
     assert (first < 3).all()
 
 
-@needs_amx
+@needs_packed
 def test_bf16_engine_takes_greedy_tokens_from_the_head_gemm(monkeypatch):
     """A bf16 tied model with its head packed: an all-greedy step without log-probs takes its tokens from
     packed_argmax (the step program holds the argmax epilogue), and they are the tokens a step computing the
@@ -319,7 +375,7 @@ def test_bf16_engine_takes_greedy_tokens_from_the_head_gemm(monkeypatch):
     assert traced  # the fast branch is in the step program
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_residual_adds_fused_into_the_projections_give_the_bits_of_the_adds(preset, monkeypatch):
     """A packed bf16 model adds the attention and MLP outputs to the residual stream inside the o and down GEMMs
@@ -348,7 +404,7 @@ def test_residual_adds_fused_into_the_projections_give_the_bits_of_the_adds(pres
     np.testing.assert_array_equal(fused, np.asarray(run(), np.float32))
 
 
-@needs_amx
+@needs_packed
 def test_packed_gemm_refuses_a_bad_residual():
     p = pack_bf16(_weight(64, 96))
     with pytest.raises(ValueError, match=r"a residual must be bf16\[3, 96\] with out_dtype=bfloat16 and no activation, "
@@ -362,10 +418,10 @@ NORM_CASES = [(m, k, n, e) for m, k, n in [(1, 576, 960), (5, 50, 64), (64, 576,
              [(m, k, n, "gated") for m, k, n in [(1, 576, 960), (5, 50, 64), (64, 576, 3072), (100, 80, 128)]]
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("m, k, n, epilogue", NORM_CASES)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_norm_applied_by_the_gemm_gives_the_bits_of_the_normed_rows(m, k, n, epilogue, threads):
+def test_norm_applied_by_the_gemm_gives_the_bits_of_the_normed_rows(impl, m, k, n, epilogue, threads):
     """``norm=(inv_rms, scale)``: the GEMM of bf16 rows normed as it reads them equals the GEMM of
     ``normed_reference``'s rows (XLA's multiplies, each rounded to bf16), bit for bit, with every epilogue."""
     rng = np.random.default_rng(m + k)
@@ -381,7 +437,7 @@ def test_norm_applied_by_the_gemm_gives_the_bits_of_the_normed_rows(m, k, n, epi
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
-@needs_amx
+@needs_packed
 def test_norm_applied_by_the_gemm_has_the_gradient_of_the_normed_rows():
     rng = np.random.default_rng(6)
     x = jnp.asarray(rng.standard_normal((3, 64)), jnp.bfloat16)
@@ -393,7 +449,7 @@ def test_norm_applied_by_the_gemm_has_the_gradient_of_the_normed_rows():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-@needs_amx
+@needs_packed
 def test_packed_gemm_refuses_a_bad_norm():
     p, r, s = pack_bf16(_weight(64, 32)), jnp.ones(3, jnp.float32), jnp.ones(64, jnp.bfloat16)
     with pytest.raises(ValueError, match=r"a norm needs bf16 x \[M, 64\], inv_rms f32\[M\] and scale bf16\[64\], got "
@@ -410,7 +466,7 @@ def _normed_gemm_calls(lowered_text: str) -> int:
     return sum("tensor<0xbf16>" not in line for line in calls)
 
 
-@needs_amx
+@needs_packed
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_norms_applied_by_the_projections_give_the_bits_of_the_norms(preset, monkeypatch):
     """A packed bf16 model hands its input and post-attention norms to the q/k/v and gate/up GEMMs (``NormedRows``):

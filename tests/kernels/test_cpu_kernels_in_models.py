@@ -52,10 +52,10 @@ def _assert_greedy_agrees(on, off, tie=0.05):
 
 
 def test_bf16_zoo_model_greedy_tokens_equal_with_and_without_kernel(monkeypatch):
-    """The streaming kernel (``bf16_matmul``): with AMX off (on an AMX CPU the engine packs its kernels for the tiles
-    instead: test_cpu_amx_packed.py)."""
+    """The streaming kernel (``bf16_matmul``): the weights as stored and AMX off (by default the engine packs its
+    kernels: test_cpu_amx_packed.py)."""
     monkeypatch.setenv(cpu.AMX_SWITCH, "0")
-    llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4)
+    llm = LLM("jaxserve/tiny-code", dtype="bfloat16", max_num_seqs=4, weight_layout="as_stored")
     prompts = ["def add(a, b):", "class Stack:\n    def push(self, x):"]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=3)
 

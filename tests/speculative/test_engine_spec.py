@@ -14,7 +14,7 @@ import tokenizers
 
 from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.engine.batching import BucketPolicy
-from jaxserve.kernels.cpu import amx_usable
+from jaxserve.kernels.cpu import packed_impl
 from jaxserve.kernels.cpu.packed import PackedBf16
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
@@ -383,7 +383,7 @@ def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
     proposer = llm.engine.runner.proposer
     assert proposer.config.matmul_dtype == "bfloat16" and llm.engine.runner.config.matmul_dtype is None
     mlp = proposer.params["layers_0"]["mlp"]
-    if amx_usable():  # a bf16 draft's kernels packed for AMX tiles, gate and up fused (jaxserve.kernels.cpu.packed)
+    if packed_impl():  # a bf16 draft's kernels packed (AMX tiles or FMAs), gate and up fused (jaxserve.kernels.cpu.packed)
         fused = mlp["gate_up_proj"]["kernel"]
         assert isinstance(fused, PackedBf16)
         kernel = fused.unpack()[:, fused.shape[1] // 2:]

@@ -6,6 +6,8 @@
 //       y f32[M, N], bf16[M, N], a gated MLP's bf16 act(gate) * up, each row's argmax, or the product added to a
 //       bf16 residual (the Epilogue below)
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
+// The packed GEMM's attribute fma = 1 runs it with float32 FMAs instead (packed_fma.h: CPUs without AMX; any CPU the
+// library was built for), the same epilogues and norm, its sums those of a float32 loop over k.
 //
 // TDPBF16PS multiplies a 16 x 32 bf16 tile A by a 32 x 16 one B, stored as 16 rows of 16 bf16 pairs (k = 2p, 2p + 1
 // side by side: "VNNI"), into a 16 x 16 float32 tile C: C[i][j] += the 32 products A[i][k] B[k][j], in an order and
@@ -39,21 +41,18 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "packed_fma.h"
+#include "packed_gemm.h"
 #include "parallel.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// x [M, K] as the caller of the packed GEMM holds it: float32 or bf16 rows, K apart; with inv_rms (bf16 rows only)
-// an RMSNorm still to apply: the GEMM's A is bf16(bf16(x[m, k] * inv_rms[m]) * scale[k]), the bits of the norm's
-// last multiplies in a bf16 model's graph (jaxserve.layers.NormedRows), each product rounded to nearest even.
-struct XRows {
-  const void* data;
-  bool f32;
-  const float* inv_rms = nullptr;      // f32[M]
-  const uint16_t* scale = nullptr;     // bf16[K]
-};
+using jaxserve::ArgmaxLanes;
+using jaxserve::Epilogue;
+using jaxserve::XRows;
+using jaxserve::kArgmaxBf16, jaxserve::kBf16, jaxserve::kF32, jaxserve::kGatedBf16, jaxserve::kResidualBf16;
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kBuiltWithAmx = true;
@@ -254,20 +253,7 @@ void gemm_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const 
 // pairs alternating over the k blocks, or prefetches 8-32 KB ahead into L1 or L2: no faster at one row.)
 constexpr int64_t kPackedChunkGroups = 8;  // 32-column groups a work chunk holds at most (256 columns: L2)
 
-// What the packed GEMM writes (its attribute "epilogue"):
-//   kF32:       y f32[M, N], the sums.
-//   kBf16:      y bf16[M, N], the sums rounded to nearest even: the bits of kF32's result converted by XLA, without
-//               writing (and reading back) the float32 matrix.
-//   kGatedBf16: w = [gate | up] (N = 2 I, I a multiple of 32), y bf16[M, I] = bf16(act(bf16(gate)) * bf16(up)),
-//               act read from a table of its float32 value at each of the 65,536 bf16 inputs. The table is computed
-//               by XLA (jaxserve.kernels.cpu.packed), and a product of two bf16 values is exact in float32, so y holds
-//               the bits of the unfused graph (a bf16 gate_up, then act(gate) * up), with the [M, 2 I] matrix never
-//               written: a gated MLP's activation in the GEMM's epilogue.
-//   kArgmaxBf16: y i32[M], the first column of each row's largest bf16-rounded sum (jnp.argmax of kBf16's result:
-//               a greedy LM head's tokens without its [M, N] logits; NaN sums are never the largest).
-//   kResidualBf16: y bf16[M, N] = bf16(r + bf16(sums)) for a bf16 r[M, N] (the residual stream a projection adds to:
-//               XLA's bf16 add, a float32 add rounded, of kBf16's result), without the projection written apart.
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
+// What it writes: packed_gemm.h's Epilogue.
 
 // C 0-3 = rows m0 .. m0 + 31 of x (C 0-1: the first 16, C 2-3: the next) times the 32 columns of packed group gp;
 // prefetch: while reading the group from memory (its first row block), the stream ahead into L2.
@@ -425,14 +411,7 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, XRows x, int64_t M, int64_t K, con
   const int64_t t = std::max<int64_t>(1, std::min(threads, G));
   // kArgmaxBf16: each chunk's running maxima (put_argmax), reduced in chunk order (lower columns first) at the end
   const bool argmax = epilogue == kArgmaxBf16;
-  std::unique_ptr<float[]> best_buf(argmax ? new float[t * M * 16 + 16] : nullptr);
-  std::unique_ptr<int32_t[]> at_buf(argmax ? new int32_t[t * M * 16 + 16] : nullptr);
-  float* const best = argmax ? reinterpret_cast<float*>(round_up(reinterpret_cast<intptr_t>(best_buf.get()), 64)) : nullptr;
-  int32_t* const at = argmax ? reinterpret_cast<int32_t*>(round_up(reinterpret_cast<intptr_t>(at_buf.get()), 64)) : nullptr;
-  if (argmax) {
-    std::fill_n(best, t * M * 16, -std::numeric_limits<float>::infinity());
-    std::fill_n(at, t * M * 16, std::numeric_limits<int32_t>::max());
-  }
+  ArgmaxLanes lanes(argmax ? t : 0, M);
   jaxserve::parallel_chunks(pool, t, t, [&](int64_t c) {
     // each thread pads its own copy of x, so that the A tiles come from its own L2: read from the caller's, a
     // helper's tile loads waited on the other core (512 rows, two threads: o 305-325 -> 239-271 µs a call, down
@@ -441,7 +420,7 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, XRows x, int64_t M, int64_t K, con
     alignas(64) float block[2 * kTileRows * 32], block2[2 * kTileRows * 32];
     const int64_t r0 = c * G / t, r1 = (c + 1) * G / t;
     auto emit = [&](const float* buf, int64_t rows, int64_t m0, int64_t n0) {  // a block's bf16 epilogues
-      if (argmax) put_argmax(buf, rows, N, m0, n0, best + c * M * 16, at + c * M * 16);
+      if (argmax) put_argmax(buf, rows, N, m0, n0, lanes.best(c), lanes.at(c));
       else put_bf16(buf, rows, y16, N, m0, n0, residual);
     };
     auto group = [&](int64_t g) { return packed + g * group_elems; };
@@ -510,20 +489,7 @@ void gemm_packed_bf16x(ffi::ThreadPool& pool, XRows x, int64_t M, int64_t K, con
     }
     _tile_release();
   });
-  if (argmax) {
-    int32_t* const y = static_cast<int32_t*>(out);
-    for (int64_t m = 0; m < M; ++m) {
-      float v = -std::numeric_limits<float>::infinity();
-      int32_t col = std::numeric_limits<int32_t>::max();
-      for (int64_t c = 0; c < t; ++c)
-        for (int64_t l = 0; l < 16; ++l) {
-          const float b = best[(c * M + m) * 16 + l];
-          const int32_t a = at[(c * M + m) * 16 + l];
-          if (b > v || (b == v && a < col)) v = b, col = a;
-        }
-      y[m] = col == std::numeric_limits<int32_t>::max() ? 0 : col;  // no value above -inf: column 0, as jnp.argmax
-    }
-  }
+  if (argmax) lanes.reduce(static_cast<int32_t*>(out));
 }
 
 // y f32[M, N] = x f32[M, K] @ w packed (the kF32 epilogue; the guard-page harness's entry).
@@ -633,7 +599,6 @@ constexpr bool kBuiltWithAmx = false;
 void gemm_kn(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_nk(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
 void gemm_packed(ffi::ThreadPool&, const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t) {}
-enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
 const uint16_t* x_to_bf16(const float*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 const uint16_t* x_bf16_padded(const uint16_t*, int64_t, int64_t, int64_t, int64_t) { return nullptr; }
 void gemm_packed_bf16x(ffi::ThreadPool&, XRows, int64_t, int64_t, const uint16_t*, int64_t, void*, Epilogue,
@@ -666,12 +631,12 @@ ffi::Error Bf16Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffe
 // or bf16 [M, K]; y as the attribute `epilogue` says (Epilogue: f32[M, N], bf16[M, N], bf16[M, N / 2] for a gated
 // [gate | up] weight, whose activation table aux is f32[65536], i32[M], or bf16[M, N] adding the residual aux;
 // the others take any aux, unread). inv_rms f32[M] and scale bf16[K], or both empty: an RMSNorm the GEMM applies
-// to bf16 rows of x as it reads them (XRows).
+// to bf16 rows of x as it reads them (XRows). fma = 1: float32 FMAs (packed_fma.h) instead of the tiles.
 ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::BF16, 2> packed,
                           ffi::AnyBuffer aux, ffi::Buffer<ffi::F32, 1> inv_rms, ffi::Buffer<ffi::BF16, 1> scale,
-                          ffi::Result<ffi::AnyBuffer> y, int64_t threads, int64_t epilogue, int64_t N) {
+                          ffi::Result<ffi::AnyBuffer> y, int64_t threads, int64_t epilogue, int64_t N, int64_t fma) {
   const std::string name = "bf16_gemm_packed";
-  if (!amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
+  if (!fma && !amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
   if (epilogue < kF32 || epilogue > kResidualBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
   const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32
                                : epilogue == kArgmaxBf16 ? ffi::DataType::S32 : ffi::DataType::BF16;
@@ -702,8 +667,9 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
     rows.inv_rms = inv_rms.typed_data();
     rows.scale = reinterpret_cast<const uint16_t*>(scale.typed_data());
   }
-  gemm_packed_bf16x(pool, rows, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
-                    Epilogue(epilogue), aux.untyped_data(), threads);
+  (fma ? jaxserve::packed_fma::gemm_packed : gemm_packed_bf16x)(
+      pool, rows, M, K, reinterpret_cast<const uint16_t*>(packed.typed_data()), N, y->untyped_data(),
+      Epilogue(epilogue), aux.untyped_data(), threads);
   return ffi::Error::Success();
 }
 
@@ -737,6 +703,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("epilogue")
-                                  .Attr<int64_t>("n"));
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("fma"));
 
 extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

@@ -11,7 +11,8 @@ temporary name and renamed into place: concurrent processes (pytest -n 2) never 
 ``matmul.cc`` holds two implementations of the matmuls, chosen by the compiler's target: AVX-512 (F, BW
 and BF16) and AVX2+FMA, so either instruction set suffices (``CPU_FLAG_SETS``); ``attention.cc`` is written once,
 with the compiler's vector extensions, for both; ``amx.cc``'s bf16 GEMMs are compiled where the compiler targets AMX-BF16
-(else their handlers report an error, and ``jaxserve_amx_enable`` 0: ``matmul.amx_usable``). Anything missing (not
+(else their handlers report an error, and ``jaxserve_amx_enable`` 0: ``matmul.amx_usable``), the packed GEMM's
+float32-FMA implementation (``packed_fma.h``, included by ``amx.cc``) everywhere. Anything missing (not
 Linux/x86 with AVX-512 F+BW or AVX2+FMA, no compiler, a failed build or load) makes ``load()`` return
 None after one logged warning; callers then keep XLA's dot.
 
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = (SOURCE_DIR / "matmul.cc", SOURCE_DIR / "attention.cc", SOURCE_DIR / "amx.cc", SOURCE_DIR / "vnni.cc")
-HEADERS = (SOURCE_DIR / "parallel.h", SOURCE_DIR / "fp4_scales.h")
+HEADERS = (SOURCE_DIR / "parallel.h", SOURCE_DIR / "fp4_scales.h", SOURCE_DIR / "packed_gemm.h",
+           SOURCE_DIR / "packed_fma.h")
 LIBRARY = "jaxserve_cpu_kernels.so"
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
            "jaxserve_fp4_matmul_kn", "jaxserve_fp4_matmul_nk", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk",

@@ -12,7 +12,8 @@ at memory bandwidth: a few rows (decoding; ``MAX_ROWS``). Above that XLA's dot s
 - ``f32_gemm(x f32[M, K], w f32[K, N])``, ``transpose_w`` likewise: the same product for many rows (batched decode,
   prefill), by OpenBLAS's sgemm (``build.load_blas``), where XLA:CPU's float32 dot is compute-bound and slower.
 - ``bf16_gemm(x, w bf16[K, N])``, ``transpose_w`` likewise: ``bf16_matmul``'s product for many rows on Intel AMX tiles
-  (``amx.cc``), where the CPU has them (``amx_usable()``; ``JAXSERVE_CPU_AMX=0`` turns only it off).
+  (``amx.cc``), where the CPU has them (``amx_usable()``; ``JAXSERVE_CPU_AMX=0`` turns only it off). Weights packed
+  once (``packed.py``) run on the tiles or, without them, on float32 FMAs (``packed_impl()``).
 
 ``usable()`` says whether to route to them at trace time: the CPU backend with one device (XLA
 cannot partition a custom call over a mesh), the library built and loaded (``build.load``), and
@@ -62,6 +63,15 @@ def amx_usable() -> bool:
     ``JAXSERVE_CPU_AMX`` not 0/off/false/no, a library built for a CPU with AMX-BF16, and Linux granting the process
     the tile state (asked once)."""
     return usable() and enabled(AMX_SWITCH) and amx_granted()
+
+
+def packed_impl() -> str | None:
+    """How traced GEMMs on packed bf16 weights (``packed.bf16_gemm_packed``) run now: "amx" (``amx_usable()``), "fma"
+    (float32 FMAs, ``packed_fma.h``: a CPU without AMX, or ``JAXSERVE_CPU_AMX`` off, with the kernels ``usable()``), or
+    None (no kernels: the engine keeps its weights unpacked)."""
+    if amx_usable():
+        return "amx"
+    return "fma" if usable() else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,15 +1,20 @@
 """bf16 Dense kernels packed once into the layout AMX tiles load, and the GEMM that reads them (``amx.cc``'s
-``jaxserve_bf16_gemm_packed``).
+``jaxserve_bf16_gemm_packed``: on AMX tiles, or on float32 FMAs where the CPU has none, ``packed_fma.h``).
 
 ``bf16_gemm`` packs a [K, N] kernel into tile pairs on every call: at many rows that costs about what reading the
 weights does, and at a few rows it is why ``bf16_matmul`` (vdpbf16ps) stayed faster. ``PackedBf16`` holds the kernel
 already in that layout, so one GEMM serves every row count: decode rows, verify rows and prefill get the same bits
-for the same row (AMX's sums do not depend on the other rows), and a weight is stored once. ``pack_dense_kernels`` packs
+for the same row (neither implementation's sums depend on the other rows), and a weight is stored once. ``pack_dense_kernels`` packs
 a model's Dense kernels and fuses the projections of one input (``FUSIONS``: q/k/v, gate/up) into one GEMM each.
 
 The GEMM takes x in float32 or bf16 and writes float32 sums, the same sums rounded to bf16 (what a bf16 model's
 Dense layer returns, without a float32 matrix written and converted), or for a fused gate/up weight a gated MLP's
 act(gate) * up in bf16 (``activation``): the epilogues bf16 models run, each giving the bits of the unfused graph.
+
+Two implementations (``impl``, by default ``matmul.packed_impl()``): "amx", the tiles' sums (their own order and
+roundings); "fma", float32 FMAs in k order (a float32 loop over k, bit for bit: ``fma_reference``), for CPUs without
+AMX (SmolLM2 bf16 at batch 64 on a 2-core Ice Lake: the whole step's GEMMs ~110 against XLA's bf16 dot's ~280 ms).
+Both give a row the same bits alone or in any batch; they agree with each other to float32 rounding.
 
 Layout: ``data`` bf16[ceil(N / 32), round_up(K, 32) * 32]; row g holds columns [32 g, 32 g + 32) as the two B tiles of
 each 32-wide k block in k order, every tile 16 rows of 16 (w[2p, n], w[2p + 1, n]) pairs; zeros pad K and N.
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxserve.kernels.cpu import build
-from jaxserve.kernels.cpu.matmul import amx_granted, default_threads
+from jaxserve.kernels.cpu.matmul import amx_granted, default_threads, packed_impl
 from jaxserve.activations import ACTIVATIONS
 
 TILE_K = 32  # bf16 k per A tile row
@@ -140,11 +145,13 @@ def activation_table(activation: str) -> np.ndarray:
 
 def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None, out_dtype=jnp.float32,
                      activation: str | None = None, residual: jax.Array | None = None,
-                     norm: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                     norm: tuple[jax.Array, jax.Array] | None = None, impl: str | None = None) -> jax.Array:
     """x f32/bf16[M, K] @ w (a ``PackedBf16`` of shape [K, N]) -> f32[M, N]: x rounded to bf16, exact products summed
-    in float32 by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same k order). A row's
-    result does not depend on M or the threads. Needs ``matmul.amx_usable()``. Differentiable in x (the JVP uses
-    XLA's dot on the unpacked weight); under vmap the call runs once per batch element.
+    in float32: ``impl="amx"`` by AMX tiles, the sums ``bf16_gemm`` gives (bit for bit: the same tile ops in the same
+    k order; needs ``matmul.amx_usable()``), ``impl="fma"`` by float32 FMAs in k order (``fma_reference``'s bits; any
+    CPU the kernels run on); default ``matmul.packed_impl()``. A row's result does not depend on M or the threads.
+    Differentiable in x (the JVP uses XLA's dot on the unpacked weight); under vmap the call runs once per batch
+    element.
 
     ``out_dtype=bfloat16``: the sums rounded to bf16 in the kernel (the bits of ``.astype(bfloat16)``, without the
     float32 matrix). ``activation`` (a gated MLP's, ``ACTIVATIONS``): w is [gate | up] (N = 2 I, I a multiple of 32)
@@ -181,14 +188,36 @@ def bf16_gemm_packed(x: jax.Array, w: PackedBf16, *, threads: int | None = None,
                              f"scale {scale.dtype}{tuple(scale.shape)}")
     else:
         inv_rms, scale = jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.bfloat16)
-    if build.load() is None or not amx_granted():
-        raise RuntimeError("bf16_gemm_packed: AMX tiles are unavailable (a CPU without AMX-BF16, the kernels not "
-                           "built, or Linux refused the tile state)")
+    impl = _impl("bf16_gemm_packed", impl)
     epilogue = ("gated" if activation else "residual" if residual is not None
                 else None if out_dtype == jnp.float32 else "bf16")
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
     aux = residual if residual is not None else jnp.zeros((0,), jnp.float32)
-    return _gemm_x(x, w.data, aux, inv_rms, scale, w.shape, threads or default_threads(), epilogue, activation)
+    return _gemm_x(x, w.data, aux, inv_rms, scale, w.shape, threads or default_threads(), epilogue, activation, impl)
+
+
+def _impl(name: str, impl: str | None) -> str:
+    """The packed GEMM's implementation to run (see the module docstring), checked to be runnable here."""
+    impl = packed_impl() if impl is None else impl
+    if impl not in ("amx", "fma"):
+        raise ValueError(f"{name}: impl must be 'amx' or 'fma', got {impl!r}")
+    if build.load() is None:
+        raise RuntimeError(f"{name}: the CPU kernels are unavailable (see the logged warning)")
+    if impl == "amx" and not amx_granted():
+        raise RuntimeError(f"{name}: AMX tiles are unavailable (a CPU without AMX-BF16, or Linux refused the tile "
+                           f"state); impl='fma' runs without them")
+    return impl
+
+
+def fma_reference(x: jax.Array, w: jax.Array) -> np.ndarray:
+    """What ``impl="fma"`` computes, in numpy: bf16(x) [M, K] @ w bf16[K, N] -> f32[M, N], each output a float32 sum
+    from 0 over k in order (every product exact; each addition rounded to nearest even)."""
+    xb = np.asarray(jnp.asarray(x).astype(jnp.bfloat16), np.float32)
+    wf = np.asarray(jnp.asarray(w).astype(jnp.bfloat16), np.float32)
+    y = np.zeros((xb.shape[0], wf.shape[1]), np.float32)
+    for k in range(xb.shape[1]):
+        y += xb[:, k:k + 1] * wf[k]
+    return y
 
 
 def normed_reference(x: jax.Array, inv_rms: jax.Array, scale: jax.Array) -> jax.Array:
@@ -203,19 +232,20 @@ def gated_reference(y: jax.Array, activation: str) -> jax.Array:
     return ACTIVATIONS[activation](gate) * up
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
-def _gemm_x(x, data, aux, inv_rms, scale, shape, threads, epilogue, activation):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _gemm_x(x, data, aux, inv_rms, scale, shape, threads, epilogue, activation, impl):
     m, n = x.shape[0], shape[1]
     out = jax.ShapeDtypeStruct((m, n // 2 if epilogue == "gated" else n),
                                jnp.float32 if epilogue is None else jnp.bfloat16)
     if activation:
         aux = activation_table(activation)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", out, vmap_method="sequential")
-    return call(x, data, aux, inv_rms, scale, threads=threads, epilogue=_EPILOGUES[epilogue], n=n)
+    return call(x, data, aux, inv_rms, scale, threads=threads, epilogue=_EPILOGUES[epilogue], n=n,
+                fma=int(impl == "fma"))
 
 
 @_gemm_x.defjvp
-def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
+def _gemm_x_jvp(shape, threads, epilogue, activation, impl, primals, tangents):
     def reference(x, data, aux, inv_rms, scale):  # the same function through XLA's dot on the unpacked weight
         if inv_rms.size:
             x = normed_reference(x, inv_rms, scale)
@@ -227,13 +257,13 @@ def _gemm_x_jvp(shape, threads, epilogue, activation, primals, tangents):
         return y.astype(jnp.float32 if epilogue is None else jnp.bfloat16)
 
     _, tangent = jax.jvp(reference, primals, tangents)
-    return _gemm_x(*primals, shape, threads, epilogue, activation), tangent
+    return _gemm_x(*primals, shape, threads, epilogue, activation, impl), tangent
 
 
-def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) -> jax.Array:
+def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None, impl: str | None = None) -> jax.Array:
     """x f32/bf16[M, K] @ w (a ``PackedBf16`` [K, N]) -> i32[M]: each row's first column of the largest sum rounded to
-    bf16, ``jnp.argmax(bf16_gemm_packed(x, w, out_dtype=bfloat16), -1)`` without the [M, N] matrix (a greedy LM
-    head's tokens: the engine's all-greedy steps). Not differentiable. Needs ``matmul.amx_usable()``."""
+    bf16, ``jnp.argmax(bf16_gemm_packed(x, w, out_dtype=bfloat16, impl=impl), -1)`` without the [M, N] matrix (a
+    greedy LM head's tokens: the engine's all-greedy steps). Not differentiable."""
     x = jnp.asarray(x)
     k, n = w.shape
     if x.ndim != 2 or x.shape[1] != k or not jnp.issubdtype(x.dtype, jnp.floating):
@@ -241,10 +271,10 @@ def packed_argmax(x: jax.Array, w: PackedBf16, *, threads: int | None = None) ->
                          f"got x{x.shape} {x.dtype}")
     if n == 0:
         raise ValueError("packed_argmax: the weight has no columns")
-    if build.load() is None or not amx_granted():
-        raise RuntimeError("packed_argmax: AMX tiles are unavailable")
+    impl = _impl("packed_argmax", impl)
     x = x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxserve_bf16_gemm_packed", jax.ShapeDtypeStruct((x.shape[0],), jnp.int32),
                             vmap_method="sequential")
     return call(jax.lax.stop_gradient(x), w.data, np.zeros(0, np.float32), np.zeros(0, np.float32),
-                np.zeros(0, jnp.bfloat16), threads=threads or default_threads(), epilogue=_EPILOGUES["argmax"], n=n)
+                np.zeros(0, jnp.bfloat16), threads=threads or default_threads(), epilogue=_EPILOGUES["argmax"], n=n,
+                fma=int(impl == "fma"))
