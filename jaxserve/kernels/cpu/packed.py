@@ -13,7 +13,8 @@ act(gate) * up in bf16 (``activation``): the epilogues bf16 models run, each giv
 
 Two implementations (``impl``, by default ``matmul.packed_impl()``): "amx", the tiles' sums (their own order and
 roundings); "fma", float32 FMAs in k order (a float32 loop over k, bit for bit: ``fma_reference``), for CPUs without
-AMX (SmolLM2 bf16 at batch 64 on a 2-core Ice Lake: the whole step's GEMMs ~110 against XLA's bf16 dot's ~280 ms).
+AMX (SmolLM2 bf16 at batch 64 on a 2-core Ice Lake VM, ``benchmarks/profile_step.py``: a decode step 195 ms against
+283 with XLA's bf16 dot on the weights as stored; end to end: benchmarks/RESULTS.md).
 Both give a row the same bits alone or in any batch; they agree with each other to float32 rounding.
 
 Layout: ``data`` bf16[ceil(N / 32), round_up(K, 32) * 32]; row g holds columns [32 g, 32 g + 32) as the two B tiles of
