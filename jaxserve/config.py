@@ -244,8 +244,9 @@ class EngineConfig:
     # CPU) | all_to_all (padded to the worst case, works everywhere) | ragged (lax.ragged_all_to_all: only the
     # live rows; XLA:CPU has none, so an error there)
     moe_dispatch: str = "auto"
-    # how the runner holds bf16 Dense kernels: auto (on one CPU device with AMX tiles, packed once into the tiles'
-    # layout, every row count on one tile GEMM: jaxserve.kernels.cpu.packed; else as stored) | as_stored ([K, N])
+    # how the runner holds bf16 Dense kernels: auto (on one CPU device with the kernels built, packed once into AMX
+    # tiles' layout, every row count on one packed GEMM, on the tiles or on float32 FMAs without them:
+    # jaxserve.kernels.cpu.packed; else as stored) | as_stored ([K, N])
     weight_layout: str = "auto"
 
     def __post_init__(self):

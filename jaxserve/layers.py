@@ -155,7 +155,7 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
 def packed_logits(kernel, x: jax.Array, dtype=jnp.float32) -> jax.Array:
     """x [..., E] @ a tied embedding packed as the LM head (``kernels.cpu.packed.pack_tied_head``: [E, V]) -> [..., V]
     in ``dtype`` (float32, or bfloat16 rounded in the kernel): the sums ``tied_logits`` takes of a bf16 embedding,
-    from one AMX GEMM at every row count."""
+    from one packed GEMM at every row count."""
     from jaxserve.kernels.cpu.packed import bf16_gemm_packed
     y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel, out_dtype=_gemm_out(dtype))
     return y.reshape(*x.shape[:-1], kernel.shape[1]).astype(dtype)
@@ -194,7 +194,7 @@ def dense_dot(dtype, matmul_dtype=None):
 
 class _Dense(nn.Dense):
     """``nn.Dense`` whose bias is stored in the compute dtype when the kernel is narrower, and which also takes its
-    kernel packed for AMX tiles (``jaxserve.kernels.cpu.packed.PackedBf16``, what an engine on an AMX CPU runs a bf16
+    kernel packed (``jaxserve.kernels.cpu.packed.PackedBf16``, what an engine on a CPU with the kernels runs a bf16
     model with): ``bf16_gemm_packed`` at every row count, the operands ``dot_via(bfloat16)`` multiplies."""
 
     @nn.compact

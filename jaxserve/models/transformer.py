@@ -148,7 +148,8 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, kv_pool: KVPool | None = None, meta=None, logits_indices=None):
         c, dt = self.config, jnp.dtype(self.config.dtype)
-        # a runner on an AMX CPU holds a tied bf16 embedding packed as the LM head (kernels.cpu.packed.pack_tied_head)
+        # a runner with the CPU kernels holds a tied bf16 embedding packed as the LM head
+        # (kernels.cpu.packed.pack_tied_head)
         packed = self.get_variable("params", "tied_head")["kernel"] if c.tie_word_embeddings and self.has_variable(
             "params", "tied_head") else None
         # EngineConfig.lm_head_quantization="int8": the head in int8 (kernels.cpu.int8_head.with_int8_head)

@@ -636,7 +636,8 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
                           ffi::AnyBuffer aux, ffi::Buffer<ffi::F32, 1> inv_rms, ffi::Buffer<ffi::BF16, 1> scale,
                           ffi::Result<ffi::AnyBuffer> y, int64_t threads, int64_t epilogue, int64_t N, int64_t fma) {
   const std::string name = "bf16_gemm_packed";
-  if (!fma && !amx_ready()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
+  if (!fma && !amx_ready())
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, name + ": AMX tiles are unavailable");
   if (epilogue < kF32 || epilogue > kResidualBf16) return ffi::Error::InvalidArgument(name + ": unknown epilogue");
   const ffi::DataType want_y = epilogue == kF32 ? ffi::DataType::F32
                                : epilogue == kArgmaxBf16 ? ffi::DataType::S32 : ffi::DataType::BF16;

@@ -3,9 +3,10 @@
 
 ``bf16_gemm`` packs a [K, N] kernel into tile pairs on every call: at many rows that costs about what reading the
 weights does, and at a few rows it is why ``bf16_matmul`` (vdpbf16ps) stayed faster. ``PackedBf16`` holds the kernel
-already in that layout, so one GEMM serves every row count: decode rows, verify rows and prefill get the same bits
-for the same row (neither implementation's sums depend on the other rows), and a weight is stored once. ``pack_dense_kernels`` packs
-a model's Dense kernels and fuses the projections of one input (``FUSIONS``: q/k/v, gate/up) into one GEMM each.
+already in that layout, so one GEMM serves every row count: decode rows, verify rows and prefill get the same bits for
+the same row (neither implementation's sums depend on the other rows), and a weight is stored once.
+``pack_dense_kernels`` packs a model's Dense kernels and fuses the projections of one input (``FUSIONS``: q/k/v,
+gate/up) into one GEMM each.
 
 The GEMM takes x in float32 or bf16 and writes float32 sums, the same sums rounded to bf16 (what a bf16 model's
 Dense layer returns, without a float32 matrix written and converted), or for a fused gate/up weight a gated MLP's
