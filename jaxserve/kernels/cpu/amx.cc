@@ -92,20 +92,10 @@ void load_tile_config_rows(int64_t rows) {
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// This thread's scratch buffer number kSlot, of at least n T, 64-byte aligned, kept between calls: allocating them per
-// call cost page faults on every call (glibc maps big blocks afresh). Tile rows must not straddle cache lines: a tile
-// loaded from malloc's 16-byte alignment took 3x as long per TDPBF16PS (18 against 6 ns on the Xeon VM).
-template <class T, int kSlot>
-T* scratch(int64_t n) {
-  thread_local std::unique_ptr<T[]> buffer;
-  thread_local int64_t capacity = -1;
-  if (capacity < n) {
-    buffer.reset(new T[n + 64 / sizeof(T)]);
-    capacity = n;
-  }
-  return reinterpret_cast<T*>(round_up(reinterpret_cast<intptr_t>(buffer.get()), 64));
-}
-enum Slot { kXa, kXt, kPacked, kYt, kCopy };
+// This thread's buffers (packed_gemm.h's scratch; tile rows must not straddle cache lines: a tile loaded from
+// malloc's 16-byte alignment took 3x as long per TDPBF16PS, 18 against 6 ns on the Xeon VM).
+using jaxserve::scratch;
+enum Slot { kXa, kXt, kPacked, kYt, kCopy };  // (packed_fma.h's rows: slot kFmaRows)
 
 inline __mmask16 mask16(int64_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(left, 0)) - 1);

@@ -8,11 +8,11 @@
 // to float32 rounding, not bits; each gives a row the same bits alone or in a batch.) Every bf16 rounding is XLA's
 // convert's: nearest even, NaN a quiet NaN.
 //
-// A packed B tile row p holds 16 (w[2p, n], w[2p + 1, n]) pairs: read as 16 u32 lanes, w[2p, n] is a lane << 16 and
-// w[2p + 1, n] a lane & 0xFFFF0000, two integer ops for 32 weights. Each thread widens x to float32 once per call
-// (rows_f32: bf16-rounded, normed); a block of up to kRows rows then passes over a 32-column group with kRows x 2
-// accumulators in registers, each element of x broadcast once for both 16-column halves. Threads take contiguous
-// ranges of the groups (amx.cc's split), every row block passing over a group before the next (the group in L1/L2).
+// A packed B tile row p holds 16 (w[2p, n], w[2p + 1, n]) pairs: read as u32 lanes, w[2p, n] is a lane << 16 and
+// w[2p + 1, n] a lane & 0xFFFF0000, two integer ops a register of pairs. Each thread widens x to float32 once per call
+// (rows_f32: bf16-rounded, normed); blocks of up to kRows rows, of equal size, then pass over a 32-column group with
+// kRows x kVecs accumulators in registers. Threads take contiguous ranges of the groups (amx.cc's split), every row
+// block passing over a group before the next (the group in L1/L2).
 #ifndef JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 #define JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 
@@ -55,11 +55,6 @@ inline vf load_f(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline vu load_u(const uint16_t* p) {
-  vu v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 inline void store_f(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 // The float32 value of x rounded to bf16: nearest even, as XLA's convert (NaN stays NaN, made quiet).
@@ -84,22 +79,12 @@ inline void store_bf16(uint16_t* p, vf rounded, int64_t n) {
   std::memcpy(p, &h, std::clamp<int64_t>(n, 0, kLanes) * 2);
 }
 
-// This thread's buffer of at least n floats, 64-byte aligned, kept between calls (amx.cc's scratch, for the same
-// reason: a buffer allocated per call faulted its pages in on every call).
-inline float* scratch_f32(int64_t n) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local int64_t capacity = -1;
-  if (capacity < n) {
-    buffer.reset(new float[n + 16]);
-    capacity = n;
-  }
-  return reinterpret_cast<float*>((reinterpret_cast<intptr_t>(buffer.get()) + 63) / 64 * 64);
-}
+constexpr int kFmaRows = 16;  // rows_f32's scratch slot (amx.cc's Slot numbers its own below it)
 
 // x [M, K] as the GEMM multiplies it: float32 rows Kp apart holding bf16 values (float32 x rounded, bf16 x as is,
 // or normed: bf16(bf16(x * inv_rms) * scale)), zeros from K to Kp.
 inline const float* rows_f32(const XRows& x, int64_t M, int64_t K, int64_t Kp) {
-  float* out = scratch_f32(M * Kp);
+  float* out = scratch<float, kFmaRows>(M * Kp);
   const float* xf = static_cast<const float*>(x.data);
   const uint16_t* xh = static_cast<const uint16_t*>(x.data);
   for (int64_t m = 0; m < M; ++m)
@@ -239,7 +224,7 @@ inline void gemm_packed(xla::ffi::ThreadPool& pool, XRows x, int64_t M, int64_t 
   const uint16_t* residual = epilogue == kResidualBf16 ? static_cast<const uint16_t*>(aux) : nullptr;
   const int64_t t = std::max<int64_t>(1, std::min(threads, G));
   // row blocks of equal size (64 rows: 6 of 11 or fewer, not 5 of 12 and one of 4)
-  const int64_t step = (M + (M + kRows - 1) / kRows - 1) / std::max<int64_t>(1, (M + kRows - 1) / kRows);
+  const int64_t blocks = std::max<int64_t>(1, (M + kRows - 1) / kRows), step = (M + blocks - 1) / blocks;
   ArgmaxLanes lanes(argmax ? t : 0, M);
   parallel_chunks(pool, t, t, [&](int64_t c) {
     const float* xf = rows_f32(x, M, K, Kp);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace jaxserve {
@@ -34,6 +35,19 @@ struct XRows {
 //   kResidualBf16: y bf16[M, N] = bf16(r + bf16(sums)) for a bf16 r[M, N] (the residual stream a projection adds to:
 //               XLA's bf16 add, a float32 add rounded, of kBf16's result), without the projection written apart.
 enum Epilogue : int64_t { kF32 = 0, kBf16 = 1, kGatedBf16 = 2, kArgmaxBf16 = 3, kResidualBf16 = 4 };
+
+// This thread's scratch buffer number kSlot, of at least n T, 64-byte aligned, kept between calls: allocating them per
+// call cost page faults on every call (glibc maps big blocks afresh).
+template <class T, int kSlot>
+T* scratch(int64_t n) {
+  thread_local std::unique_ptr<T[]> buffer;
+  thread_local int64_t capacity = -1;
+  if (capacity < n) {
+    buffer.reset(new T[n + 64 / sizeof(T)]);
+    capacity = n;
+  }
+  return reinterpret_cast<T*>((reinterpret_cast<intptr_t>(buffer.get()) + 63) / 64 * 64);
+}
 
 // kArgmaxBf16's running maxima: each of `chunks` work chunks keeps 16 lanes of (largest value, its first column) per
 // row at best / at + (chunk * M + m) * 16 (64-byte aligned), folded in column order; reduce() then takes each row's
