@@ -244,9 +244,10 @@ class EngineConfig:
     # CPU) | all_to_all (padded to the worst case, works everywhere) | ragged (lax.ragged_all_to_all: only the
     # live rows; XLA:CPU has none, so an error there)
     moe_dispatch: str = "auto"
-    # how the runner holds bf16 Dense kernels: auto (on one CPU device with the kernels built, packed once into AMX
-    # tiles' layout, every row count on one packed GEMM, on the tiles or on float32 FMAs without them:
-    # jaxserve.kernels.cpu.packed; else as stored) | as_stored ([K, N])
+    # how the runner holds bf16 and float32 Dense kernels: auto (on one CPU device with the kernels built, packed
+    # once, every row count on one packed GEMM: bf16 in AMX tiles' layout, on the tiles or on float32 FMAs without
+    # them, jaxserve.kernels.cpu.packed; float32 in 32-column groups, jaxserve.kernels.cpu.packed_f32; else as
+    # stored) | as_stored ([K, N])
     weight_layout: str = "auto"
 
     def __post_init__(self):

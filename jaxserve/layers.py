@@ -97,7 +97,9 @@ def f32_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
 
     XLA:CPU's float32 dot is far from the memory bound at 2-16 rows, while its one-row gemv is not: see the
     measurements at ``_CPU_F32_MIN_ROWS``; above 16 rows it is compute-bound, and slower than OpenBLAS: see
-    the measurements below it."""
+    the measurements below it. (The engine packs a float32 model's kernels instead, ``_Dense`` then running
+    ``jaxserve.kernels.cpu.packed_f32`` at every row count; these routes serve the kernels as stored: the tied
+    head, ``weight_layout="as_stored"``, a mesh, code outside the engine.)"""
     if lhs.dtype == rhs.dtype == jnp.float32:
         route = _cpu_route(lhs, rhs, dimension_numbers)
         if route:
@@ -161,6 +163,21 @@ def packed_logits(kernel, x: jax.Array, dtype=jnp.float32) -> jax.Array:
     return y.reshape(*x.shape[:-1], kernel.shape[1]).astype(dtype)
 
 
+def packed_head_logits(kernel, x: jax.Array) -> jax.Array | None:
+    """x [..., E] @ an untied LM head a runner packed (``PackedBf16``: bf16 sums of bf16 x, ``packed_logits``;
+    ``PackedF32``: float32 x) -> f32[..., V]; None for any other kernel (the caller's own dot)."""
+    if isinstance(kernel, jax.Array) or kernel is None:
+        return None
+    from jaxserve.kernels.cpu.packed import PackedBf16
+    from jaxserve.kernels.cpu.packed_f32 import PackedF32, f32_gemm_packed
+    if isinstance(kernel, PackedBf16):
+        return packed_logits(kernel, x, jnp.float32)
+    if isinstance(kernel, PackedF32):
+        y = f32_gemm_packed(x.astype(jnp.float32).reshape(-1, x.shape[-1]), kernel)
+        return y.reshape(*x.shape[:-1], kernel.shape[1])
+    return None
+
+
 def _gemm_out(dtype):
     """The packed GEMM's output for a result in ``dtype``: bf16 rounded in the kernel (the same bits as float32
     sums converted), else float32."""
@@ -195,7 +212,8 @@ def dense_dot(dtype, matmul_dtype=None):
 class _Dense(nn.Dense):
     """``nn.Dense`` whose bias is stored in the compute dtype when the kernel is narrower, and which also takes its
     kernel packed (``jaxserve.kernels.cpu.packed.PackedBf16``, what an engine on a CPU with the kernels runs a bf16
-    model with): ``bf16_gemm_packed`` at every row count, the operands ``dot_via(bfloat16)`` multiplies."""
+    model with): ``bf16_gemm_packed`` at every row count, the operands ``dot_via(bfloat16)`` multiplies; or, for a
+    float32 model, ``packed_f32.PackedF32``: ``f32_gemm_packed`` at every row count."""
 
     @nn.compact
     def __call__(self, inputs):
@@ -204,8 +222,11 @@ class _Dense(nn.Dense):
         kernel = self.get_variable("params", "kernel") if self.has_variable("params", "kernel") else None
         if kernel is not None and not isinstance(kernel, jax.Array):
             from jaxserve.kernels.cpu.packed import PackedBf16  # (any other kind: self.param's shape check refuses it)
+            from jaxserve.kernels.cpu.packed_f32 import PackedF32
             if isinstance(kernel, PackedBf16):
                 return self._packed(inputs, kernel)
+            if isinstance(kernel, PackedF32):
+                return self._packed_f32(inputs.value() if isinstance(inputs, NormedRows) else inputs, kernel)
         if isinstance(inputs, NormedRows):
             inputs = inputs.value()
         if not self.use_bias or self.param_dtype == self.dtype:
@@ -215,6 +236,17 @@ class _Dense(nn.Dense):
         y = self.dot_general(inputs.astype(self.dtype), kernel.astype(self.dtype),
                              (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return y + bias
+
+    def _packed_f32(self, inputs, kernel):
+        from jaxserve.kernels.cpu.packed_f32 import f32_gemm_packed
+        if kernel.shape != (inputs.shape[-1], self.features) or jnp.dtype(self.dtype or inputs.dtype) != jnp.float32:
+            raise ValueError(f"{'/'.join(self.scope.path)}: kernel PackedF32 of shape {kernel.shape} does not fit "
+                             f"{inputs.dtype} inputs {inputs.shape} -> {self.features} of a float32 layer")
+        y = f32_gemm_packed(inputs.astype(jnp.float32).reshape(-1, inputs.shape[-1]), kernel)
+        y = y.reshape(*inputs.shape[:-1], self.features)
+        if self.use_bias:
+            y = y + self.get_variable("params", "bias").astype(jnp.float32)
+        return y
 
     def _packed(self, inputs, kernel):
         from jaxserve.kernels.cpu.packed import bf16_gemm_packed

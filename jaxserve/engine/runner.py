@@ -77,15 +77,26 @@ def _piece(e: ScheduledSequence, start: int, n: int, block_size: int) -> Schedul
 
 
 def packs_weights(config: ModelConfig) -> bool:
-    """Whether a runner packs the model's Dense kernels (``jaxserve.kernels.cpu.packed``): bf16 matmuls on one CPU
-    device with the kernels built (``packed_impl``: AMX tiles, or float32 FMAs on a CPU without them;
-    ``JAXSERVE_CPU_KERNELS=0`` turns it off). Every row count then runs the same packed GEMM, with no packing per
+    """Whether a runner packs the model's Dense kernels (``jaxserve.kernels.cpu.packed``; a float32 model's in
+    ``packed_f32``: SmolLM2 f32 at batch 64 263 -> 221 ms a decode step, at batch 1 40 -> 32-37 ms, on the Ice Lake
+    VM, ``benchmarks/profile_step.py``): bf16 or float32 matmuls on one CPU device with the kernels built
+    (``packed_impl``: AMX tiles, or float32 FMAs on a CPU without them; ``JAXSERVE_CPU_KERNELS=0`` turns it off).
+    Every row count then runs the same packed GEMM, with no packing per
     call (on AMX, SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x; without AMX, at batch 64 in place
     of XLA's bf16 dot: benchmarks/RESULTS.md), and q/k/v and gate/up run as one GEMM each
     (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the same bits in any batch and at any row
-    count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a bf16 request decodes alone as in a
-    batch, and greedy speculation gives the plain engine's bits (tests/engine/test_smollm2.py)."""
-    return jnp.dtype(config.matmul_dtype or config.dtype) == jnp.bfloat16 and packed_impl() is not None
+    count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a request decodes alone as in a
+    batch (bf16: tests/engine/test_smollm2.py; float32: tests/kernels/test_cpu_packed_f32.py), and greedy speculation gives the plain engine's bits (tests/engine/test_smollm2.py)."""
+    return packed_dtype(config) is not None
+
+
+def packed_dtype(config: ModelConfig):
+    """The dtype of the Dense kernels a runner packs (``packs_weights``): bfloat16 (``PackedBf16``) for bf16 matmuls,
+    float32 (``PackedF32``, float32 FMAs in k order) for a float32 model, or None where the kernels do not load."""
+    mm, dtype = jnp.dtype(config.matmul_dtype or config.dtype), jnp.dtype(config.dtype)
+    if packed_impl() is None or mm not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+        return None
+    return None if mm == jnp.float32 != dtype else mm
 
 
 class ModelRunner:
@@ -110,7 +121,7 @@ class ModelRunner:
         if lm_head_quantization == "int8":  # (EngineConfig.lm_head_quantization: one device)
             self.params = with_int8_head(self.params, config.tie_word_embeddings)
         if pack and packs_weights(config):
-            self.params = pack_dense_kernels(self.params)
+            self.params = pack_dense_kernels(self.params, dtype=packed_dtype(config))
             if config.tie_word_embeddings and lm_head_quantization is None:  # (not the draft's: its sampled rounds
                 self.params = pack_tied_head(self.params)                 # read its embedding as stored)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
@@ -142,7 +153,8 @@ class ModelRunner:
             place = to_device if layout is None else layout.place_replicated
             self.proposer = dataclasses.replace(proposer, params=place(proposer.params), head=place(proposer.head))
             if pack and proposer.method in DRAFT_POOL_METHODS and packs_weights(proposer.config):
-                self.proposer = dataclasses.replace(self.proposer, params=pack_dense_kernels(self.proposer.params))
+                self.proposer = dataclasses.replace(self.proposer, params=pack_dense_kernels(
+                    self.proposer.params, dtype=packed_dtype(proposer.config)))
             if proposer.method == "eagle":  # its head: the target's own, cut to the draft's token ids
                 head = eagle_head(unpacked, config, proposer.head)
                 if pack and packs_weights(proposer.config) and head.kernel.dtype == jnp.bfloat16:

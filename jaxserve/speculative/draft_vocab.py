@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from jaxserve.config import ModelConfig
-from jaxserve.layers import dense_dot
+from jaxserve.layers import dense_dot, packed_head_logits
 
 
 @struct.dataclass
@@ -66,6 +66,9 @@ def head_logits(head: DraftHead, hidden: jax.Array, config: ModelConfig) -> jax.
 def full_logits(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """The draft's own logits f32[B, V] over the whole vocabulary, from its final hidden state [B, E]."""
     kernel = params["embed"]["embedding"].T if config.tie_word_embeddings else params["lm_head"]["kernel"]
+    packed = packed_head_logits(kernel, hidden)  # an untied head a runner packed (jaxserve.kernels.cpu)
+    if packed is not None:
+        return packed
     return _dot(config)(hidden, kernel, (((1,), (0,)), ((), ()))).astype(jnp.float32)
 
 

@@ -30,8 +30,7 @@ from flax import traverse_util
 
 from jaxserve.cache.kv_pool import KVPool
 from jaxserve.config import ModelConfig
-from jaxserve.kernels.cpu.packed import PackedBf16
-from jaxserve.layers import RMSNorm, dense, packed_logits, rope_tables
+from jaxserve.layers import RMSNorm, dense, packed_head_logits, packed_logits, rope_tables
 from jaxserve.models.transformer import DecoderLayer, layer_inv_freq
 from jaxserve.speculative.draft_vocab import DraftHead
 
@@ -99,8 +98,9 @@ def target_head(target_params: dict, target_config: ModelConfig, hidden: jax.Arr
     if "tied_head" in target_params:
         return packed_logits(target_params["tied_head"]["kernel"], hidden, jnp.float32)
     kernel = target_params["embed"]["embedding"].T if c.tie_word_embeddings else target_params["lm_head"]["kernel"]
-    if isinstance(kernel, PackedBf16):  # an untied head a runner packed for AMX tiles
-        return packed_logits(kernel, hidden, jnp.float32)
+    packed = packed_head_logits(kernel, hidden)  # an untied head a runner packed
+    if packed is not None:
+        return packed
     if not isinstance(kernel, jax.Array):
         raise ValueError(f"an EAGLE draft needs the target's LM head as an array, got {type(kernel).__name__}")
     return jnp.dot(hidden.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)

@@ -21,7 +21,9 @@ def test_runner_moves_numpy_params_to_the_device():
     config, params, _ = resolve_model("jaxserve/tiny-code-draft")
     host = jax.tree.map(np.asarray, params)
     assert not _on_device(host)
-    llm = LLM.from_params(config, host, block_size=8, max_num_seqs=2, max_num_batched_tokens=32, num_kv_blocks=8)
+    engine = dict(block_size=8, max_num_seqs=2, max_num_batched_tokens=32, num_kv_blocks=8)
+    assert _on_device(LLM.from_params(config, host, **engine).engine.runner.params)  # (packed where the kernels load)
+    llm = LLM.from_params(config, host, weight_layout="as_stored", **engine)
     assert _on_device(llm.engine.runner.params)
     for got, want in zip(jax.tree.leaves(llm.engine.runner.params), jax.tree.leaves(host)):
         np.testing.assert_array_equal(got, want)  # moved, not changed

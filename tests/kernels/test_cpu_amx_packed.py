@@ -350,7 +350,7 @@ def test_packed_argmax_is_the_argmax_of_the_bf16_logits(impl, m, k, n, threads):
     got = jax.jit(lambda x: packed_argmax(x, p, threads=threads))(x)
     assert got.dtype == jnp.int32 and got.shape == (m,)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    tied = pack_bf16(jnp.concatenate([_weight(k, 3, 7)] * (n // 3 + 1), 1)[:, :n])  # columns repeating every 3
+    tied = pack_bf16(jnp.tile(_weight(k, 3, 7), (1, n // 3 + 1))[:, :n])  # columns repeating every 3
     first = np.asarray(packed_argmax(x, tied, threads=threads))
     assert (first < 3).all()
 

@@ -18,6 +18,7 @@ from jaxserve.speculative.hidden import forward_with_hidden, full_hidden
 from jaxserve.speculative.round import RoundInputs, multi_token_meta
 from jaxserve.train.eagle import eval_metrics, make_optimizer, shifted, target_features, train_step
 from spec_stats import chi2_statistic, chi2_threshold
+from tests.reference_forward import reference_logits
 
 GAMMA, BLOCK, ROUNDS = 3, 8, 6
 CONFIG = get_preset("tiny-llama").replace(vocab_size=16, eos_token_id=2)
@@ -77,6 +78,16 @@ def test_training_on_the_targets_features_raises_its_agreement(trained):
     assert after > max(0.5, before + 0.2), (before, after)
 
 
+# The module's functions under jit (configs static): run eagerly, every primitive compiles anew for every sequence
+# length the rounds grow through (1,580 compiles, ~60 s of the round test).
+_eagle_round = jax.jit(eagle_round, static_argnames=("target_config", "draft_config", "gamma", "attention_impl",
+                                                     "first_step"))
+_forward_with_hidden = jax.jit(forward_with_hidden, static_argnums=1, static_argnames="attention_impl")
+_draft_fill = jax.jit(draft_fill, static_argnums=(1, 3, 10))
+_full_hidden = jax.jit(full_hidden, static_argnums=1)
+_draft_hidden = jax.jit(draft_hidden, static_argnums=1)
+
+
 def _inputs(positions, last, prev=0):
     b = len(positions)
     tables = np.arange(b * 4, dtype=np.int32).reshape(b, 4)
@@ -95,8 +106,8 @@ def _fill(target, draft, tokens):
     inputs = _inputs([n - 1], [0])
     meta = multi_token_meta(inputs, jnp.arange(n)[None, :], BLOCK)
     toks, pos = jnp.asarray(tokens, jnp.int32), jnp.arange(n, dtype=jnp.int32)
-    logits, hidden, tpool = forward_with_hidden(target, CONFIG, toks, pos, pools[0], meta, attention_impl="xla")
-    dpool = draft_fill(dparams, dconfig, target, CONFIG, toks, pos, hidden, jnp.zeros((1, CONFIG.hidden_size)),
+    logits, hidden, tpool = _forward_with_hidden(target, CONFIG, toks, pos, pools[0], meta, attention_impl="xla")
+    dpool = _draft_fill(dparams, dconfig, target, CONFIG, toks, pos, hidden, jnp.zeros((1, CONFIG.hidden_size)),
                        pools[1], meta, "xla")
     return tpool, dpool, hidden, logits
 
@@ -123,7 +134,7 @@ def test_a_round_leaves_the_draft_cache_a_fill_over_the_true_features_would(targ
     for _ in range(ROUNDS):  # some rounds accept part of their drafts
         first_step = not bool(drafted[0])
         skipped += not first_step
-        r = eagle_round(target, dparams, tpool, dpool, _inputs([len(prompt)], [last]), features, drafted,
+        r = _eagle_round(target, dparams, tpool, dpool, _inputs([len(prompt)], [last]), features, drafted,
                         target_config=CONFIG, draft_config=dconfig, head=head, gamma=GAMMA, attention_impl="xla",
                         first_step=first_step)
         n = int(r.num_accepted[0])
@@ -138,7 +149,7 @@ def test_a_round_leaves_the_draft_cache_a_fill_over_the_true_features_would(targ
     assert 0 < sum(accepted) < ROUNDS * GAMMA, accepted  # drafts accepted and rejected: both paths ran
     assert skipped > 0 and checked, accepted
     _, ref_pool, _, _ = _fill(target, draft, prompt + [last])
-    _, true_hidden = full_hidden(target, CONFIG, jnp.asarray([prompt + [last]], jnp.int32))
+    _, true_hidden = _full_hidden(target, CONFIG, jnp.asarray([prompt + [last]], jnp.int32))
     np.testing.assert_allclose(np.asarray(r.hidden[0, 0]), np.asarray(true_hidden[0, -2]), atol=1e-5)
     for pos in range(len(prompt) + bool(drafted[0])):
         np.testing.assert_allclose(_kv_at(dpool, pos), _kv_at(ref_pool, pos), atol=2e-5, err_msg=f"position {pos}")
@@ -148,8 +159,8 @@ def _fhat_reference(target, draft, tokens):
     """The draft's output at the last of ``tokens``, reading the target's true features, with no cache."""
     dconfig, dparams = draft
     seq = jnp.asarray([tokens], jnp.int32)
-    _, true_hidden = full_hidden(target, CONFIG, seq)
-    fh, _ = draft_hidden(dparams, dconfig, target_embed(target, CONFIG, seq).astype(jnp.float32),
+    _, true_hidden = _full_hidden(target, CONFIG, seq)
+    fh, _ = _draft_hidden(dparams, dconfig, target_embed(target, CONFIG, seq).astype(jnp.float32),
                          shifted(true_hidden.astype(jnp.float32)), jnp.arange(seq.shape[1])[None, :])
     return np.asarray(fh[0, -1])
 
@@ -180,10 +191,11 @@ def _llm(target, draft, ids=None):
 
 
 def _greedy_oracle(params, prompts, steps=16):
+    """The target's greedy continuations by uncached forwards, one compiled program per padded width."""
     seqs = [list(p) for p in prompts]
     for _ in range(steps):
         for s in seqs:
-            s.append(int(np.argmax(np.asarray(forward_full(params, CONFIG, jnp.asarray([s])))[0, -1])))
+            s.append(int(np.argmax(reference_logits(params, CONFIG, s)[0, -1])))
     return [s[len(p):] for s, p in zip(seqs, prompts)]
 
 

@@ -16,6 +16,7 @@ from jaxserve import LLM, SamplingParams, SpeculativeConfig
 from jaxserve.engine.batching import BucketPolicy
 from jaxserve.kernels.cpu import packed_impl
 from jaxserve.kernels.cpu.packed import PackedBf16
+from jaxserve.kernels.cpu.packed_f32 import PackedF32
 from jaxserve.models import forward_full, get_preset, init_params
 from jaxserve.speculative.medusa import MedusaConfig, init_medusa_params
 from jaxserve.tokenizer import Tokenizer
@@ -393,7 +394,12 @@ def test_draft_matmul_dtype_applies_to_the_draft_alone(models):
     np.testing.assert_array_equal(np.asarray(kernel, np.float32),
                                   np.asarray(models["near"]["layers_0"]["mlp"]["up_proj"]["kernel"].astype(jnp.bfloat16),
                                              np.float32))
-    assert llm.engine.runner.params["layers_0"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32
+    target_mlp = llm.engine.runner.params["layers_0"]["mlp"]
+    if packed_impl():  # the float32 target's kernels packed as float32 (jaxserve.kernels.cpu.packed_f32), fused
+        assert isinstance(target_mlp["gate_up_proj"]["kernel"], PackedF32)
+        assert target_mlp["gate_up_proj"]["kernel"].data.dtype == jnp.float32
+    else:
+        assert target_mlp["up_proj"]["kernel"].dtype == jnp.float32
 
 
 def test_a_draft_restricted_to_frequent_tokens_keeps_greedy_exact(models, prompts, oracle):

@@ -5,6 +5,8 @@
 //   jaxserve_bf16_gemm_packed: y = bf16(x f32/bf16[M, K]) @ w, w bf16[K, N] packed once into B tiles (packed.py);
 //       y f32[M, N], bf16[M, N], a gated MLP's bf16 act(gate) * up, each row's argmax, or the product added to a
 //       bf16 residual (the Epilogue below)
+//   jaxserve_f32_gemm_packed: y f32[M, N] = x f32[M, K] @ w, w f32[K, N] packed once into 32-column groups
+//       (packed.py's PackedF32): float32 FMAs in k order (packed_fma.h), a float32 model's Dense layers
 //   jaxserve_amx_enable(): 1 when this build has the AMX kernels and Linux let the process use the tiles, else 0.
 // The packed GEMM's attribute fma = 1 runs it with float32 FMAs instead (packed_fma.h: CPUs without AMX; any CPU the
 // library was built for), the same epilogues and norm, its sums those of a float32 loop over k.
@@ -664,6 +666,20 @@ ffi::Error Bf16GemmPacked(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
+// y f32[M, N] = x f32[M, K] @ w, w [K, N] as pack_f32 packed it: f32[ceil(N / 32), K * 32] (N the attribute n),
+// float32 FMAs in k order (packed_fma.h's gemm_packed_f32; no tiles: AMX has no float32 products).
+ffi::Error F32GemmPacked(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<ffi::F32, 2> packed,
+                         ffi::ResultBuffer<ffi::F32, 2> y, int64_t threads, int64_t N) {
+  const int64_t M = x.dimensions()[0], K = x.dimensions()[1];
+  if (y->dimensions()[0] != M || y->dimensions()[1] != N || packed.dimensions()[0] != (N + 31) / 32 ||
+      packed.dimensions()[1] != K * 32)
+    return ffi::Error::InvalidArgument("f32_gemm_packed: the packed weight's shape does not match K and N");
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  jaxserve::packed_fma::gemm_packed_f32(pool, x.typed_data(), M, K, packed.typed_data(), N, y->typed_data(),
+                                        threads);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 using F32Matrix = ffi::Buffer<ffi::F32, 2>;
@@ -696,5 +712,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_bf16_gemm_packed, Bf16GemmPacked,
                                   .Attr<int64_t>("epilogue")
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("fma"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxserve_f32_gemm_packed, F32GemmPacked,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Matrix>()
+                                  .Arg<F32Matrix>()
+                                  .Ret<F32Matrix>()
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("n"));
 
 extern "C" int jaxserve_amx_enable() { return amx_ready() ? 1 : 0; }

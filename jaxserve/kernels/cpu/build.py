@@ -46,8 +46,8 @@ HEADERS = (SOURCE_DIR / "parallel.h", SOURCE_DIR / "fp4_scales.h", SOURCE_DIR / 
 LIBRARY = "jaxserve_cpu_kernels.so"
 TARGETS = ("jaxserve_bf16_matmul_kn", "jaxserve_bf16_matmul_nk", "jaxserve_f32_matmul_kn", "jaxserve_f32_matmul_nk",
            "jaxserve_fp4_matmul_kn", "jaxserve_fp4_matmul_nk", "jaxserve_f32_gemm_kn", "jaxserve_f32_gemm_nk",
-           "jaxserve_bf16_gemm_kn", "jaxserve_bf16_gemm_nk", "jaxserve_bf16_gemm_packed", "jaxserve_paged_attention",
-           "jaxserve_paged_attention_bf16", "jaxserve_paged_attention_write",
+           "jaxserve_bf16_gemm_kn", "jaxserve_bf16_gemm_nk", "jaxserve_bf16_gemm_packed", "jaxserve_f32_gemm_packed",
+           "jaxserve_paged_attention", "jaxserve_paged_attention_bf16", "jaxserve_paged_attention_write",
            "jaxserve_paged_attention_write_bf16", "jaxserve_fp4_w4a8_matmul_kn",
            "jaxserve_int8_head_matmul")
 # /proc/cpuinfo flags of each instruction set matmul.cc has kernels for; any one set suffices. (An AVX-512 CPU

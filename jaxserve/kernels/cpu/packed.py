@@ -33,6 +33,7 @@ import numpy as np
 
 from jaxserve.kernels.cpu import build
 from jaxserve.kernels.cpu.matmul import amx_granted, default_threads, packed_impl
+from jaxserve.kernels.cpu.packed_f32 import pack_f32
 from jaxserve.activations import ACTIVATIONS
 
 TILE_K = 32  # bf16 k per A tile row
@@ -87,13 +88,19 @@ def pack_bf16(w) -> PackedBf16:
 FUSIONS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
 
 
-def pack_dense_kernels(params, fuse: bool = True):
-    """params with every Dense kernel (a leaf named ``kernel``: a 2-D bf16 array, [K, N]) packed (``PackedBf16``);
-    other leaves as they are. With ``fuse``, the parts of each of ``FUSIONS`` found side by side as bf16 Dense layers
-    (all with biases or none) become one fused layer. For a model whose Dense layers are ``jaxserve.layers.dense``
-    (``_Dense`` reads a packed kernel; a plain ``nn.Dense`` would refuse it: its param's shape check)."""
+def pack_dense_kernels(params, fuse: bool = True, dtype=jnp.bfloat16):
+    """params with every Dense kernel of ``dtype`` (a leaf named ``kernel``: a 2-D array, [K, N]) packed: bf16 as
+    ``PackedBf16``, float32 as ``packed_f32.PackedF32``; other leaves as they are. With ``fuse``, the parts of each of
+    ``FUSIONS`` found side by side as such Dense layers (all with biases or none) become one fused layer. For a model
+    whose Dense layers are ``jaxserve.layers.dense`` (``_Dense`` reads a packed kernel; a plain ``nn.Dense`` would
+    refuse it: its param's shape check)."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+        raise ValueError(f"pack_dense_kernels: dtype must be bfloat16 or float32, got {dtype}")
+    pack = _pack_jit if dtype == jnp.bfloat16 else _pack_f32_jit
+
     def is_kernel(leaf):
-        return isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == jnp.bfloat16
+        return isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == dtype
 
     def walk(tree):
         if not isinstance(tree, Mapping):
@@ -107,11 +114,12 @@ def pack_dense_kernels(params, fuse: bool = True):
             out[fused] = {key: jnp.concatenate([d[key] for d in layers], axis=-1) for key in layers[0]}
             for p in parts:
                 del out[p]
-        return {name: _pack_jit(sub) if name == "kernel" and is_kernel(sub) else walk(sub) for name, sub in out.items()}
+        return {name: pack(sub) if name == "kernel" and is_kernel(sub) else walk(sub) for name, sub in out.items()}
     return walk(params)
 
 
 _pack_jit = jax.jit(pack_bf16)
+_pack_f32_jit = jax.jit(pack_f32)
 
 
 def pack_tied_head(params):

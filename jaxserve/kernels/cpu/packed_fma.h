@@ -23,6 +23,8 @@
 #include <memory>
 #include <utility>
 
+#include <immintrin.h>
+
 #include "packed_gemm.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -49,6 +51,15 @@ using vnu = uint32_t __attribute__((vector_size(4 * kNative)));
 constexpr int64_t kTileK = 32;       // k a packed block holds (two B tiles of 16 pairs per 16 columns)
 constexpr int64_t kBlockElems = 1024;  // bf16 a k block of a group holds: 2 tiles x 16 rows x 32
 constexpr int64_t kPrefetchAhead = 32 * 1024;  // bytes of a group's stream asked for ahead (first row block only)
+
+// a * b + c with one rounding (a vector of kNative lanes; GCC lowers it to vfmadd231ps).
+inline vn fmadd(float a, vn b, vn c) {
+#if defined(__AVX512F__)
+  return (vn)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
+#else
+  return (vn)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)b, (__m256)c);
+#endif
+}
 
 inline vf load_f(const float* p) {
   vf v;
@@ -246,6 +257,62 @@ inline void gemm_packed(xla::ffi::ThreadPool& pool, XRows x, int64_t M, int64_t 
       }
   });
   if (argmax) lanes.reduce(static_cast<int32_t*>(out));
+}
+
+// --- float32 weights (packed.py's PackedF32: f32[ceil(N / 32), K * 32], row g holding for each k in order the 32
+// columns [32 g, 32 g + 32), zeros past N): y[m, n] = x[m, k] * w[k, n] fused-multiply-added over k = 0, 1, ..,
+// K - 1 in that order into float32 from 0 (one rounding a k), whatever M, the blocking or the threads: a row's bits
+// alone or in a batch. x is read as it is, float32 rows K apart.
+
+// c [R][32] = R rows of x (K apart) times one group's 32 columns. kPrefetch as block_sums'.
+template <int R, bool kPrefetch>
+void block_sums_f32(const float* x, int64_t K, const float* group, float* c) {
+  vn acc[R][kVecs];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = vn{};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = group + k * 32;
+    if (kPrefetch)  // a k's 128 bytes: two lines
+      for (int line = 0; line < 128; line += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(wk) + kPrefetchAhead + line, 0, 2);
+    vn w[kVecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) std::memcpy(&w[v], wk + v * kNative, sizeof w[v]);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float a = x[r * K + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = fmadd(a, w[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) std::memcpy(c + r * 32 + v * kNative, &acc[r][v], sizeof acc[r][v]);
+}
+
+using BlockSumsF32 = void (*)(const float*, int64_t, const float*, float*);
+template <bool kPrefetch, int... R>
+constexpr std::array<BlockSumsF32, sizeof...(R)> sums_table_f32(std::integer_sequence<int, R...>) {
+  return {block_sums_f32<R + 1, kPrefetch>...};
+}
+
+// y f32[M, N] = x f32[M, K] @ w, w packed as PackedF32; threads split the groups and rows block as gemm_packed's.
+inline void gemm_packed_f32(xla::ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const float* packed,
+                            int64_t N, float* y, int64_t threads) {
+  static constexpr auto plain = sums_table_f32<false>(std::make_integer_sequence<int, kRows>{});
+  static constexpr auto ahead = sums_table_f32<true>(std::make_integer_sequence<int, kRows>{});
+  const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G));
+  const int64_t blocks = std::max<int64_t>(1, (M + kRows - 1) / kRows), step = (M + blocks - 1) / blocks;
+  parallel_chunks(pool, t, t, [&](int64_t c) {
+    alignas(64) float block[kRows * 32];
+    for (int64_t g = c * G / t; g < (c + 1) * G / t; ++g)
+      for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int64_t rows = std::min<int64_t>(step, M - m0);
+        (m0 == 0 ? ahead : plain)[rows - 1](x + m0 * K, K, packed + g * K * 32, block);
+        put_f32(block, rows, y, N, m0, g * 32);
+      }
+  });
 }
 
 }  // namespace jaxserve::packed_fma
