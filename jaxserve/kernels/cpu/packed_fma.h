@@ -52,7 +52,7 @@ constexpr int64_t kTileK = 32;       // k a packed block holds (two B tiles of 1
 constexpr int64_t kBlockElems = 1024;  // bf16 a k block of a group holds: 2 tiles x 16 rows x 32
 constexpr int64_t kPrefetchAhead = 32 * 1024;  // bytes of a group's stream asked for ahead (first row block only)
 
-// a * b + c with one rounding (a vector of kNative lanes; GCC lowers it to vfmadd231ps).
+// a * b + c with one rounding, b and c vectors of kNative lanes (a vfmadd231ps).
 inline vn fmadd(float a, vn b, vn c) {
 #if defined(__AVX512F__)
   return (vn)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
@@ -116,6 +116,12 @@ inline const float* rows_f32(const XRows& x, int64_t M, int64_t K, int64_t Kp) {
       store_f(out + m * Kp + k, v);
     }
   return out;
+}
+
+// Rows a block takes: blocks of equal size, at most kRows (64 rows: 6 of 11 or fewer, not 5 of 12 and one of 4).
+inline int64_t row_step(int64_t M) {
+  const int64_t blocks = std::max<int64_t>(1, (M + kRows - 1) / kRows);
+  return (M + blocks - 1) / blocks;
 }
 
 // c [R][32] = R rows of x (float32, Kp apart) times the 32 columns of one packed group, each sum over k in order.
@@ -234,8 +240,7 @@ inline void gemm_packed(xla::ffi::ThreadPool& pool, XRows x, int64_t M, int64_t 
   const float* act = static_cast<const float*>(aux);
   const uint16_t* residual = epilogue == kResidualBf16 ? static_cast<const uint16_t*>(aux) : nullptr;
   const int64_t t = std::max<int64_t>(1, std::min(threads, G));
-  // row blocks of equal size (64 rows: 6 of 11 or fewer, not 5 of 12 and one of 4)
-  const int64_t blocks = std::max<int64_t>(1, (M + kRows - 1) / kRows), step = (M + blocks - 1) / blocks;
+  const int64_t step = row_step(M);
   ArgmaxLanes lanes(argmax ? t : 0, M);
   parallel_chunks(pool, t, t, [&](int64_t c) {
     const float* xf = rows_f32(x, M, K, Kp);
@@ -303,7 +308,7 @@ inline void gemm_packed_f32(xla::ffi::ThreadPool& pool, const float* x, int64_t 
   static constexpr auto plain = sums_table_f32<false>(std::make_integer_sequence<int, kRows>{});
   static constexpr auto ahead = sums_table_f32<true>(std::make_integer_sequence<int, kRows>{});
   const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G));
-  const int64_t blocks = std::max<int64_t>(1, (M + kRows - 1) / kRows), step = (M + blocks - 1) / blocks;
+  const int64_t step = row_step(M);
   parallel_chunks(pool, t, t, [&](int64_t c) {
     alignas(64) float block[kRows * 32];
     for (int64_t g = c * G / t; g < (c + 1) * G / t; ++g)
