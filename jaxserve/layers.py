@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxserve.activations import ACTIVATIONS
+from jaxserve.reductions import row_sum
 
 _CPU_MAX_ROWS = 16  # jaxserve.kernels.cpu.MAX_ROWS (not imported here: that module may build a library)
 # Fewest rows a float32 weight goes to the CPU kernel with (jaxserve.kernels.cpu.f32_matmul, both layouts): at one
@@ -156,26 +157,27 @@ def tied_logits(embed: nn.Embed, x: jax.Array) -> jax.Array:
 
 def packed_logits(kernel, x: jax.Array, dtype=jnp.float32) -> jax.Array:
     """x [..., E] @ a tied embedding packed as the LM head (``kernels.cpu.packed.pack_tied_head``: [E, V]) -> [..., V]
-    in ``dtype`` (float32, or bfloat16 rounded in the kernel): the sums ``tied_logits`` takes of a bf16 embedding,
-    from one packed GEMM at every row count."""
+    in ``dtype``: for a ``PackedBf16``, float32 sums of bf16 x (or bfloat16, rounded in the kernel), the sums
+    ``tied_logits`` takes of a bf16 embedding; for a ``PackedF32``, float32 FMAs over k in order of float32 x.
+    One packed GEMM at every row count."""
     from jaxserve.kernels.cpu.packed import bf16_gemm_packed
-    y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel, out_dtype=_gemm_out(dtype))
+    from jaxserve.kernels.cpu.packed_f32 import PackedF32, f32_gemm_packed
+    rows = x.reshape(-1, x.shape[-1])
+    if isinstance(kernel, PackedF32):
+        y = f32_gemm_packed(rows.astype(jnp.float32), kernel)
+    else:
+        y = bf16_gemm_packed(rows.astype(jnp.bfloat16), kernel, out_dtype=_gemm_out(dtype))
     return y.reshape(*x.shape[:-1], kernel.shape[1]).astype(dtype)
 
 
 def packed_head_logits(kernel, x: jax.Array) -> jax.Array | None:
-    """x [..., E] @ an untied LM head a runner packed (``PackedBf16``: bf16 sums of bf16 x, ``packed_logits``;
-    ``PackedF32``: float32 x) -> f32[..., V]; None for any other kernel (the caller's own dot)."""
+    """x [..., E] @ an untied LM head a runner packed (``PackedBf16`` or ``PackedF32``: ``packed_logits``) ->
+    f32[..., V]; None for any other kernel (the caller's own dot)."""
     if isinstance(kernel, jax.Array) or kernel is None:
         return None
     from jaxserve.kernels.cpu.packed import PackedBf16
-    from jaxserve.kernels.cpu.packed_f32 import PackedF32, f32_gemm_packed
-    if isinstance(kernel, PackedBf16):
-        return packed_logits(kernel, x, jnp.float32)
-    if isinstance(kernel, PackedF32):
-        y = f32_gemm_packed(x.astype(jnp.float32).reshape(-1, x.shape[-1]), kernel)
-        return y.reshape(*x.shape[:-1], kernel.shape[1])
-    return None
+    from jaxserve.kernels.cpu.packed_f32 import PackedF32
+    return packed_logits(kernel, x, jnp.float32) if isinstance(kernel, (PackedBf16, PackedF32)) else None
 
 
 def _gemm_out(dtype):
@@ -295,21 +297,6 @@ def packed_residual(module: nn.Module, name: str, x: jax.Array, residual: jax.Ar
     y = bf16_gemm_packed(x.reshape(-1, x.shape[-1]).astype(jnp.bfloat16), kernel, out_dtype=jnp.bfloat16,
                          residual=residual.reshape(-1, residual.shape[-1]))
     return y.reshape(residual.shape)
-
-
-def row_sum(x: jax.Array) -> jax.Array:
-    """x [..., N] -> [...]: the sum over the last axis, added pairwise by halving it (an odd element carried),
-    so every row is summed in one order whatever the other axes hold.
-
-    XLA:CPU picks a reduction's loop order by shape (fewer than 8 rows reduce in another order than 8 or
-    more), so with ``jnp.sum`` a token's norm could change a bit with the number of tokens beside it, and
-    a bf16 token then decode differently alone, in a batch, or inside a speculative verify pass.
-    Elementwise adds of slices leave XLA no order to choose."""
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        pairs = x[..., :half] + x[..., half:2 * half]
-        x = jnp.concatenate([pairs, x[..., 2 * half:]], axis=-1) if x.shape[-1] % 2 else pairs
-    return x[..., 0]
 
 
 @jax.tree_util.register_dataclass

@@ -85,8 +85,9 @@ def packs_weights(config: ModelConfig) -> bool:
     call (on AMX, SmolLM2 bf16 end to end: batch 1 1.11x, 64 1.07x, ShareGPT 1.15x; without AMX, at batch 64 in place
     of XLA's bf16 dot: benchmarks/RESULTS.md), and q/k/v and gate/up run as one GEMM each
     (``jaxserve.kernels.cpu.packed.FUSIONS``). A row's matmuls then give the same bits in any batch and at any row
-    count: with RMSNorm's ``row_sum`` and ``KVLayer.write``'s lone-row write, a request decodes alone as in a
-    batch (bf16: tests/engine/test_smollm2.py; float32: tests/kernels/test_cpu_packed_f32.py), and greedy speculation gives the plain engine's bits (tests/engine/test_smollm2.py)."""
+    count: with RMSNorm's and the sampler's ``row_sum`` and ``KVLayer.write``'s lone-row write, a request decodes
+    alone as in a batch (bf16: tests/engine/test_smollm2.py; float32: tests/kernels/test_cpu_packed_f32.py), and
+    greedy speculation gives the plain engine's bits (tests/engine/test_smollm2.py)."""
     return packed_dtype(config) is not None
 
 
@@ -123,7 +124,7 @@ class ModelRunner:
         if pack and packs_weights(config):
             self.params = pack_dense_kernels(self.params, dtype=packed_dtype(config))
             if config.tie_word_embeddings and lm_head_quantization is None:  # (not the draft's: its sampled rounds
-                self.params = pack_tied_head(self.params)                 # read its embedding as stored)
+                self.params = pack_tied_head(self.params, packed_dtype(config))  # read its embedding as stored)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         if layout is not None and router_state is not None:

@@ -9,7 +9,8 @@ import pytest
 
 from jaxserve import LLM, SamplingParams
 from jaxserve.kernels.cpu import matmul as cpu
-from jaxserve.kernels.cpu.packed import pack_dense_kernels
+from jaxserve.kernels.cpu.packed import pack_dense_kernels, pack_tied_head
+from jaxserve.models import get_preset, init_params
 from jaxserve.kernels.cpu.packed_f32 import GROUP, PackedF32, f32_gemm_packed, pack_f32
 from jaxserve.layers import dense
 from tests.kernels.test_cpu_kernels_in_models import _assert_greedy_agrees
@@ -45,6 +46,14 @@ def test_pack_layout_puts_each_weight_where_the_kernel_reads_it(k, n):
         assert data[nn // GROUP, kk, nn % GROUP] == w[kk, nn]
     assert (data.reshape(g, k * GROUP)[-1].reshape(k, GROUP)[:, n - (g - 1) * GROUP:] == 0).all()  # padded columns
     np.testing.assert_array_equal(np.asarray(p.unpack()), w)
+
+
+def test_columns_read_the_weights_columns_as_rows():
+    """A packed tied embedding's lookup (``pack_tied_head``): column n of the [K, N] weight, bit for bit."""
+    w = _f32((40, 70), 3)
+    ids = jnp.asarray([[0, 69, 33], [31, 32, 64]])
+    got = jax.jit(lambda p, i: p.columns(i))(pack_f32(w), ids)
+    np.testing.assert_array_equal(np.asarray(got), w.T[np.asarray(ids)])
 
 
 def test_pack_f32_refuses_other_weights():
@@ -131,3 +140,31 @@ def test_float32_engine_packs_its_kernels_and_a_request_gets_its_bits_alone_or_i
     batched = outs["auto"][1]
     assert alone.token_ids == batched.token_ids
     assert alone.logprobs == batched.logprobs
+
+
+@needs_kernels
+def test_float32_tied_head_is_packed_once_and_a_request_gets_its_logits_bits_alone_or_in_a_batch():
+    """A tied float32 model: the engine packs its embedding as the LM head (``pack_tied_head``: ``tied_head`` in place
+    of ``embed``, one copy), its lookups and logits agree with the stored layout's, and a request decodes alone with
+    the log-prob bits it gets beside 17 others: the head, too, is row-invariant (OpenBLAS's sgemm, which served the
+    stored head from 17 rows, sums in an order of its own: there the log-probs differed in their last bits)."""
+    config = get_preset("tiny-qwen3").replace(vocab_size=301, max_position_embeddings=128, dtype="float32")
+    assert config.tie_word_embeddings
+    params = init_params(config, jax.random.key(3))
+    packed = pack_tied_head(pack_dense_kernels(params, dtype=jnp.float32), jnp.float32)
+    assert "embed" not in packed and isinstance(packed["tied_head"]["kernel"], PackedF32)
+    np.testing.assert_array_equal(np.asarray(packed["tied_head"]["kernel"].unpack()),
+                                  np.asarray(params["embed"]["embedding"]).T)
+    assert pack_tied_head(params, jnp.bfloat16) is params  # a float32 embedding is packed only as float32
+    prompts = [np.random.default_rng(s).integers(0, 300, 3 + s % 7).tolist() for s in range(18)]
+    sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=3)
+    engine = dict(block_size=4, max_num_seqs=18, max_num_batched_tokens=256)
+    outs = {}
+    for layout in ("auto", "as_stored"):
+        llm = LLM.from_params(config, params, weight_layout=layout, **engine)
+        assert ("tied_head" in llm.engine.runner.params) == (layout == "auto")
+        outs[layout] = [o.outputs[0] for o in llm.generate(prompts, sampling, use_tqdm=False)]
+        if layout == "auto":
+            alone = llm.generate(prompts[1:2], sampling, use_tqdm=False)[0].outputs[0]
+    _assert_greedy_agrees(outs["auto"], outs["as_stored"])
+    assert (alone.token_ids, alone.logprobs) == (outs["auto"][1].token_ids, outs["auto"][1].logprobs)

@@ -122,17 +122,21 @@ _pack_jit = jax.jit(pack_bf16)
 _pack_f32_jit = jax.jit(pack_f32)
 
 
-def pack_tied_head(params):
-    """params whose tied bf16 embedding (``embed/embedding`` [V, E]) is replaced by ``tied_head/kernel``, its transpose
-    packed (``PackedBf16`` [E, V]): the LM head then runs the packed GEMM (SmolLM2's [49152, 576]: 1.94 -> 1.27 ms at
-    1 row, 6.7 -> 3.2 ms at 64, the same bf16 logits bit for bit) and a token's embedding is a column of it
-    (``PackedBf16.columns``): one copy of the matrix. The model runs it when its params hold ``tied_head``
-    (``jaxserve.models.transformer.Transformer``); params without a bf16 ``embed`` come back as they are."""
+def pack_tied_head(params, dtype=jnp.bfloat16):
+    """params whose tied embedding (``embed/embedding`` [V, E]) of ``dtype`` is replaced by ``tied_head/kernel``, its
+    transpose packed as ``pack_dense_kernels`` packs that dtype (bf16: ``PackedBf16`` [E, V]; float32:
+    ``packed_f32.PackedF32``): the LM head then runs the packed GEMM (SmolLM2's [49152, 576] in bf16: 1.94 -> 1.27 ms
+    at 1 row, 6.7 -> 3.2 ms at 64, the same bf16 logits bit for bit; in float32 at 64 rows ~36 -> ~23 ms against
+    OpenBLAS, which packs the whole matrix on every call) and a token's embedding is a column of it (``columns``): one
+    copy of the matrix. The model runs it when its params hold ``tied_head`` (``jaxserve.models.transformer
+    .Transformer``); params without such an ``embed`` come back as they are."""
+    dtype = jnp.dtype(dtype)
     embedding = params.get("embed", {}).get("embedding") if isinstance(params, Mapping) else None
-    if not (isinstance(embedding, jax.Array) and embedding.ndim == 2 and embedding.dtype == jnp.bfloat16):
+    if not (isinstance(embedding, jax.Array) and embedding.ndim == 2 and embedding.dtype == dtype
+            and dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))):
         return params
     out = {name: sub for name, sub in params.items() if name != "embed"}
-    out["tied_head"] = {"kernel": _pack_jit(embedding.T)}
+    out["tied_head"] = {"kernel": (_pack_jit if dtype == jnp.bfloat16 else _pack_f32_jit)(embedding.T)}
     return out
 
 

@@ -39,6 +39,14 @@ class PackedF32:
         g = self.data.shape[0]
         return self.data.reshape(g, k, GROUP).transpose(1, 0, 2).reshape(k, g * GROUP)[:, :n]
 
+    def columns(self, ids: jax.Array) -> jax.Array:
+        """Columns ``ids`` i32[...] of the [K, N] weight as rows f32[..., K], bit for bit (a packed tied embedding's
+        lookup: ``packed.pack_tied_head``)."""
+        k, _ = self.shape
+        flat = ids.reshape(-1)
+        rows = self.data.reshape(self.data.shape[0], k, GROUP)[flat // GROUP, :, flat % GROUP]  # [T, K]
+        return rows.reshape(*ids.shape, k)
+
 
 def pack_f32(w) -> PackedF32:
     """w f32[K, N] -> ``PackedF32``. Jittable; exact."""
