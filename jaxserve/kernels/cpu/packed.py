@@ -128,8 +128,8 @@ def pack_tied_head(params, dtype=jnp.bfloat16):
     ``packed_f32.PackedF32``): the LM head then runs the packed GEMM (SmolLM2's [49152, 576] in bf16: 1.94 -> 1.27 ms
     at 1 row, 6.7 -> 3.2 ms at 64, the same bf16 logits bit for bit; in float32 at 64 rows 32 -> 23 ms against
     OpenBLAS's sgemm, which packs the whole matrix on every call) and a token's embedding is a column of it
-    (``columns``): one copy of the matrix. The model runs it when its params hold ``tied_head`` (``jaxserve.models.transformer
-    .Transformer``); params without such an ``embed`` come back as they are."""
+    (``columns``): one copy of the matrix. The model runs it when its params hold ``tied_head``
+    (``jaxserve.models.transformer.Transformer``); params without such an ``embed`` come back as they are."""
     dtype = jnp.dtype(dtype)
     embedding = params.get("embed", {}).get("embedding") if isinstance(params, Mapping) else None
     if not (isinstance(embedding, jax.Array) and embedding.ndim == 2 and embedding.dtype == dtype
