@@ -121,10 +121,11 @@ class ModelRunner:
         pack = layout is None and weight_layout == "auto"  # (EngineConfig.weight_layout)
         if lm_head_quantization == "int8":  # (EngineConfig.lm_head_quantization: one device)
             self.params = with_int8_head(self.params, config.tie_word_embeddings)
-        if pack and packs_weights(config):
-            self.params = pack_dense_kernels(self.params, dtype=packed_dtype(config))
+        dtype = packed_dtype(config) if pack else None  # (packs_weights)
+        if dtype is not None:
+            self.params = pack_dense_kernels(self.params, dtype=dtype)
             if config.tie_word_embeddings and lm_head_quantization is None:  # (not the draft's: its sampled rounds
-                self.params = pack_tied_head(self.params, packed_dtype(config))  # read its embedding as stored)
+                self.params = pack_tied_head(self.params, dtype)                # read its embedding as stored)
         # an MoE's loss-free balancing biases: routing state the model reads, never trained here
         self.router_state = None if router_state is None else jax.tree.map(jnp.asarray, router_state)
         if layout is not None and router_state is not None:

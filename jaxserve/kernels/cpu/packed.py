@@ -95,9 +95,9 @@ def pack_dense_kernels(params, fuse: bool = True, dtype=jnp.bfloat16):
     whose Dense layers are ``jaxserve.layers.dense`` (``_Dense`` reads a packed kernel; a plain ``nn.Dense`` would
     refuse it: its param's shape check)."""
     dtype = jnp.dtype(dtype)
-    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)):
+    pack = _packer(dtype)
+    if pack is None:
         raise ValueError(f"pack_dense_kernels: dtype must be bfloat16 or float32, got {dtype}")
-    pack = _pack_jit if dtype == jnp.bfloat16 else _pack_f32_jit
 
     def is_kernel(leaf):
         return isinstance(leaf, jax.Array) and leaf.ndim == 2 and leaf.dtype == dtype
@@ -122,6 +122,11 @@ _pack_jit = jax.jit(pack_bf16)
 _pack_f32_jit = jax.jit(pack_f32)
 
 
+def _packer(dtype: jnp.dtype):
+    """The jitted packing of a [K, N] kernel of ``dtype`` (bf16 or float32), or None for any other dtype."""
+    return {jnp.dtype(jnp.bfloat16): _pack_jit, jnp.dtype(jnp.float32): _pack_f32_jit}.get(dtype)
+
+
 def pack_tied_head(params, dtype=jnp.bfloat16):
     """params whose tied embedding (``embed/embedding`` [V, E]) of ``dtype`` is replaced by ``tied_head/kernel``, its
     transpose packed as ``pack_dense_kernels`` packs that dtype (bf16: ``PackedBf16`` [E, V]; float32:
@@ -130,13 +135,12 @@ def pack_tied_head(params, dtype=jnp.bfloat16):
     OpenBLAS's sgemm, which packs the whole matrix on every call) and a token's embedding is a column of it
     (``columns``): one copy of the matrix. The model runs it when its params hold ``tied_head``
     (``jaxserve.models.transformer.Transformer``); params without such an ``embed`` come back as they are."""
-    dtype = jnp.dtype(dtype)
+    dtype, pack = jnp.dtype(dtype), _packer(jnp.dtype(dtype))
     embedding = params.get("embed", {}).get("embedding") if isinstance(params, Mapping) else None
-    if not (isinstance(embedding, jax.Array) and embedding.ndim == 2 and embedding.dtype == dtype
-            and dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))):
+    if pack is None or not (isinstance(embedding, jax.Array) and embedding.ndim == 2 and embedding.dtype == dtype):
         return params
     out = {name: sub for name, sub in params.items() if name != "embed"}
-    out["tied_head"] = {"kernel": (_pack_jit if dtype == jnp.bfloat16 else _pack_f32_jit)(embedding.T)}
+    out["tied_head"] = {"kernel": pack(embedding.T)}
     return out
 
 
