@@ -43,3 +43,25 @@ def test_check_mode_reports_a_stale_file(tables, tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "OUT", stale)
     monkeypatch.setattr(tables, "REPO", tmp_path)
     assert tables.main(["--check"]) == 1
+
+
+def test_peer_ledger_takes_the_served_engine_and_the_peer_at_the_same_precision(tables, tmp_path, monkeypatch):
+    """A run whose A/B arm (weights as stored) beat the served engine, and whose llama.cpp ran Q4_0 and F16: the
+    ledger's batch-1 cell is the 8-step engine against llama.cpp F16, the 4-bit cell FP4 against Q4_0."""
+    rel = "results/peer_throughput/fake/results.json"
+    rows = [("jaxserve", 100.0), ("jaxserve@engine.num_scheduler_steps=8", 120.0),
+            ("jaxserve@engine.weight_layout=as_stored", 500.0), ("jaxserve@engine.quantization=nvfp4", 90.0),
+            ("llama.cpp@F16", 80.0), ("llama.cpp@Q4_0", 60.0)]
+    run = {"meta": {"command": "compare.py --dtype bfloat16", "date": "2026-12-07 10:00 UTC",
+                    "machine": "Intel(R) Xeon(R) Processor, 2 CPUs (cpu)", "git_commit": "abcdef0"},
+           "tables": {"throughput": [{"model": "m", "workload": "batch1", "backend": b, "tok_s_median": v}
+                                     for b, v in rows]}}
+    monkeypatch.setattr(tables, "CLAIMS", (tables.Claim("A fake run", (rel,), lambda: ([], [])),))
+    monkeypatch.setattr(tables, "load", lambda r: run if r == rel else pytest.fail(r))
+    headers, (row,) = tables.peer_ledger()
+    cells = dict(zip(headers, row))
+    assert cells["batch1: jaxserve / fastest peer"] == "1.50× llama.cpp@F16"
+    assert cells["batch64: jaxserve / fastest peer"] == "—"
+    assert cells["batch1, 4-bit weights: jaxserve's FP4 / llama.cpp's Q4_0"] == "1.50× llama.cpp@Q4_0"
+    assert cells["dtype"] == "bfloat16" and cells["machine"] == "Intel Xeon Processor, 2 CPUs"
+    assert cells["run (its table says what changed)"] == "[`fake`](#a-fake-run)"
