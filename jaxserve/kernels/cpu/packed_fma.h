@@ -11,8 +11,8 @@
 // A packed B tile row p holds 16 (w[2p, n], w[2p + 1, n]) pairs: read as u32 lanes, w[2p, n] is a lane << 16 and
 // w[2p + 1, n] a lane & 0xFFFF0000, two integer ops a register of pairs. Each thread widens x to float32 once per call
 // (rows_f32: bf16-rounded, normed); blocks of up to kRows rows, of equal size, then pass over a 32-column group with
-// kRows x kVecs accumulators in registers. Threads take contiguous ranges of the groups (amx.cc's split), every row
-// block passing over a group before the next (the group in L1/L2).
+// kRows x kVecs accumulators in registers. Threads take chunks of contiguous groups as they come free (parallel.h's
+// group_chunks), every row block passing over a group before the next (the group in L1/L2).
 #ifndef JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 #define JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 
@@ -239,14 +239,14 @@ inline void gemm_packed(xla::ffi::ThreadPool& pool, XRows x, int64_t M, int64_t 
   const int64_t G = gated ? N / 64 : (N + 31) / 32, up = N / 64;  // output groups; the up half's first group
   const float* act = static_cast<const float*>(aux);
   const uint16_t* residual = epilogue == kResidualBf16 ? static_cast<const uint16_t*>(aux) : nullptr;
-  const int64_t t = std::max<int64_t>(1, std::min(threads, G));
+  const int64_t t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t);
   const int64_t step = row_step(M);
-  ArgmaxLanes lanes(argmax ? t : 0, M);
-  parallel_chunks(pool, t, t, [&](int64_t c) {
-    const float* xf = rows_f32(x, M, K, Kp);
+  ArgmaxLanes lanes(argmax ? n : 0, M);
+  auto prepare = [&] { return rows_f32(x, M, K, Kp); };  // each thread's own float32 rows, once a call
+  parallel_chunks(pool, n, t, prepare, [&](const float* xf, int64_t c) {
     alignas(64) float block[kRows * 32], block2[kRows * 32];
     auto group = [&](int64_t g) { return packed + g * group_elems; };
-    for (int64_t g = c * G / t; g < (c + 1) * G / t; ++g)
+    for (int64_t g = c * G / n; g < (c + 1) * G / n; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t rows = std::min<int64_t>(step, M - m0);
         sums(rows, m0 == 0, xf + m0 * Kp, Kp, group(g), block);
@@ -302,16 +302,16 @@ constexpr std::array<BlockSumsF32, sizeof...(R)> sums_table_f32(std::integer_seq
   return {block_sums_f32<R + 1, kPrefetch>...};
 }
 
-// y f32[M, N] = x f32[M, K] @ w, w packed as PackedF32; threads split the groups and rows block as gemm_packed's.
+// y f32[M, N] = x f32[M, K] @ w, w packed as PackedF32; the groups split into chunks and rows block as gemm_packed's.
 inline void gemm_packed_f32(xla::ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const float* packed,
                             int64_t N, float* y, int64_t threads) {
   static constexpr auto plain = sums_table_f32<false>(std::make_integer_sequence<int, kRows>{});
   static constexpr auto ahead = sums_table_f32<true>(std::make_integer_sequence<int, kRows>{});
-  const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G));
+  const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t);
   const int64_t step = row_step(M);
-  parallel_chunks(pool, t, t, [&](int64_t c) {
+  parallel_chunks(pool, n, t, [&](int64_t c) {
     alignas(64) float block[kRows * 32];
-    for (int64_t g = c * G / t; g < (c + 1) * G / t; ++g)
+    for (int64_t g = c * G / n; g < (c + 1) * G / n; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int64_t rows = std::min<int64_t>(step, M - m0);
         (m0 == 0 ? ahead : plain)[rows - 1](x + m0 * K, K, packed + g * K * 32, block);
