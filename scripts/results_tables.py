@@ -815,13 +815,12 @@ def _served(backend: str) -> bool:
     return backend == "jaxserve" or backend.removeprefix("jaxserve@engine.num_scheduler_steps=").isdigit()
 
 
-def _peer_at_full_precision(backend: str) -> bool:
-    return not backend.startswith("jaxserve") and backend in ("hf", "vllm", "llama.cpp", "llama.cpp@F16")
+FULL_PRECISION_PEERS = ("hf", "vllm", "llama.cpp", "llama.cpp@F16")  # not llama.cpp@Q4_0: the 4-bit column's
 
 
 def peer_ledger():
     """Every peer-throughput run a table below cites, oldest first: per workload, jaxserve's best served
-    configuration (``_served``) against the fastest peer at the run's precision (``_peer_at_full_precision``), with
+    configuration (``_served``) against the fastest peer at the run's precision (``FULL_PRECISION_PEERS``), with
     a link to the table whose caption says what changed; where the run has them, the batch-1 decode of 4-bit
     weights (jaxserve's fastest NVFP4 / MXFP4 configuration against llama.cpp's Q4_0)."""
     titles = {}
@@ -839,16 +838,16 @@ def peer_ledger():
             for workload in PEER_LEDGER_WORKLOADS:
                 by = cells.get((model, workload), {})
                 ours = [v for b, v in by.items() if _served(b)]
-                peers = {b: v for b, v in by.items() if _peer_at_full_precision(b)}
+                peers = {b: v for b, v in by.items() if b in FULL_PRECISION_PEERS}
                 if not ours or not peers:
                     ratios.append("—")
                     continue
                 peer = max(peers, key=peers.get)
                 ratios.append(f"{x(max(ours) / peers[peer])} {peer}")
-            by = cells.get((model, "batch1"), {})
-            fp4 = [v for b, v in by.items() if "quantization=nvfp4" in b or "quantization=mxfp4" in b]
-            ratios.append(f"{x(max(fp4) / by['llama.cpp@Q4_0'])} llama.cpp@Q4_0"
-                          if fp4 and "llama.cpp@Q4_0" in by else "—")
+            batch1 = cells.get((model, "batch1"), {})
+            fp4 = [v for b, v in batch1.items() if "quantization=nvfp4" in b or "quantization=mxfp4" in b]
+            ratios.append(f"{x(max(fp4) / batch1['llama.cpp@Q4_0'])} llama.cpp@Q4_0"
+                          if fp4 and "llama.cpp@Q4_0" in batch1 else "—")
             if set(ratios) == {"—"}:
                 continue
             dtype = meta["command"].split("--dtype ")[1].split()[0] if "--dtype " in meta["command"] else "float32"
