@@ -104,11 +104,12 @@ class EngineLoop:
             try:
                 self.engine.add_request(ids, sp, request_id=rid)
             except Exception as e:  # a rejected request: the engine's state is unchanged
-                aloop.call_soon_threadsafe(_settle, accepted, e)
+                _call_soon(aloop, _settle, accepted, e)
                 return
             self._live[rid] = (aloop, sink)
             self._counters["prompt_tokens_total"] += len(ids)
-            aloop.call_soon_threadsafe(_settle, accepted, None)
+            if not _call_soon(aloop, _settle, accepted, None):  # its client's loop is gone: nobody will read it
+                self._abort(rid)
         elif command[0] == "abort" and command[1] in self._live:
             self._abort(command[1])
 
@@ -145,10 +146,7 @@ class EngineLoop:
 
     def _post(self, rid: str, kind: str, payload) -> None:
         aloop, sink = self._live[rid]
-        try:
-            aloop.call_soon_threadsafe(sink.put_nowait, (kind, rid, payload))
-        except RuntimeError:  # the client's event loop is closed: nobody is listening
-            pass
+        _call_soon(aloop, sink.put_nowait, (kind, rid, payload))
 
     def _release(self, rid: str) -> None:
         del self._live[rid]
@@ -163,6 +161,16 @@ class EngineLoop:
         span = now - self._recent[0][0] if len(self._recent) > 1 else 0.0
         rate = sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
         self._stats = {**stats, **self._counters, "tokens_per_s": rate, "num_live": len(self._live)}
+
+
+def _call_soon(aloop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Runs ``fn(*args)`` on ``aloop`` from the engine thread; False if that loop is already closed (its client
+    has gone), which must not stop the thread every other request is served by."""
+    try:
+        aloop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # "Event loop is closed"
+        return False
+    return True
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
