@@ -11,8 +11,9 @@
 // A packed B tile row p holds 16 (w[2p, n], w[2p + 1, n]) pairs: read as u32 lanes, w[2p, n] is a lane << 16 and
 // w[2p + 1, n] a lane & 0xFFFF0000, two integer ops a register of pairs. Each thread widens x to float32 once per call
 // (rows_f32: bf16-rounded, normed); blocks of up to kRows rows, of equal size, then pass over a 32-column group with
-// kRows x kVecs accumulators in registers. Threads take chunks of contiguous groups as they come free (parallel.h's
-// group_chunks), every row block passing over a group before the next (the group in L1/L2).
+// kRows x kVecs accumulators in registers. Threads take chunks of contiguous groups (parallel.h's group_chunks: one
+// range a thread up to 4 rows, else several, claimed as they come free), every row block passing over a group before
+// the next (the group in L1/L2).
 #ifndef JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 #define JAXSERVE_KERNELS_CPU_PACKED_FMA_H_
 
@@ -239,7 +240,7 @@ inline void gemm_packed(xla::ffi::ThreadPool& pool, XRows x, int64_t M, int64_t 
   const int64_t G = gated ? N / 64 : (N + 31) / 32, up = N / 64;  // output groups; the up half's first group
   const float* act = static_cast<const float*>(aux);
   const uint16_t* residual = epilogue == kResidualBf16 ? static_cast<const uint16_t*>(aux) : nullptr;
-  const int64_t t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t);
+  const int64_t t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t, M);
   const int64_t step = row_step(M);
   ArgmaxLanes lanes(argmax ? n : 0, M);
   auto prepare = [&] { return rows_f32(x, M, K, Kp); };  // each thread's own float32 rows, once a call
@@ -307,7 +308,7 @@ inline void gemm_packed_f32(xla::ffi::ThreadPool& pool, const float* x, int64_t 
                             int64_t N, float* y, int64_t threads) {
   static constexpr auto plain = sums_table_f32<false>(std::make_integer_sequence<int, kRows>{});
   static constexpr auto ahead = sums_table_f32<true>(std::make_integer_sequence<int, kRows>{});
-  const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t);
+  const int64_t G = (N + 31) / 32, t = std::max<int64_t>(1, std::min(threads, G)), n = group_chunks(G, t, M);
   const int64_t step = row_step(M);
   parallel_chunks(pool, n, t, [&](int64_t c) {
     alignas(64) float block[kRows * 32];

@@ -63,13 +63,20 @@ void parallel_chunks(xla::ffi::ThreadPool& pool, int64_t n, int64_t threads, con
   parallel_chunks(pool, n, threads, [] { return 0; }, [&body](int, int64_t c) { body(c); });
 }
 
-// How many chunks a GEMM over G column groups splits into for `threads` threads: kChunksPerThread each (at least
-// one group a chunk). A chain of 30 [576, 3072] packed GEMMs at 64 rows, 2 threads, the 2-core Ice Lake VM, six
-// processes each alternating with one range a thread: float32 median 42.8 -> 39.3 ms, bf16 on FMAs 40.2 -> 38.4
-// (each process's own figure moving 34-55 ms with the VM); at one row the same (11.2, 6.4 ms).
+// How many chunks a GEMM of M rows over G column groups splits into for `threads` threads. Up to kStreamRows rows
+// (decode steps of one to four sequences: bound by reading the weights) one contiguous range a thread, so each
+// streams its share from one start (each chunk start waits on memory before its software prefetches run ahead: at
+// eight chunks a thread, a [576, 576] projection's chunks are one or two 36 KB groups); more rows (bound by the
+// FMAs) kChunksPerThread each, at least one group a chunk, claimed as threads come free.
+// Measured on the 2-core Ice Lake VM, bf16 on FMAs, chains of 100 MB of packed weights (past the 48 MB L3), two
+// alternating pairs: at 1 row [576, 576] 48-50 -> 41-42 us a call, [576, 960] 66-73 -> 57-71, [1536, 576] 98-118 ->
+// 91-108, [576, 3072] 166-211 -> 176-187; at 4 rows 50-53 -> 40-45, 73-78 -> 55-62, 109 -> 92-100, 183-189 -> 160-182.
+// At 64 rows, 30 chained [576, 3072] GEMMs, six processes alternating with one range a thread: float32 median 42.8
+// -> 39.3 ms, bf16 on FMAs 40.2 -> 38.4.
 constexpr int64_t kChunksPerThread = 8;
-inline int64_t group_chunks(int64_t G, int64_t threads) {
-  return std::max<int64_t>(1, std::min(G, threads * kChunksPerThread));
+constexpr int64_t kStreamRows = 4;
+inline int64_t group_chunks(int64_t G, int64_t threads, int64_t M) {
+  return std::max<int64_t>(1, std::min(G, M <= kStreamRows ? threads : threads * kChunksPerThread));
 }
 
 }  // namespace jaxserve
