@@ -225,6 +225,9 @@ LOWBIT_RUN1 = "results/peer_throughput/smollm2_lowbit_packed_head/results.json" 
 LOWBIT_36AF0D6 = "results/peer_throughput/smollm2_lowbit/results.json"  # before the packed head, a faster VM day
 LOWBIT_BEFORE_KERNEL = "results/peer_throughput/smollm2_lowbit_37b1d84/results.json"  # the caption's "before"
 LOWBIT_F16_DEFAULT = "results/peer_throughput/smollm2_lowbit_f16_amx/results.json"  # llama.cpp with its AMX buffers
+LOWBIT_ICELAKE = "results/peer_throughput/smollm2_lowbit_icelake_streams_rerun/results.json"  # Ice Lake, 7 rounds
+LOWBIT_ICELAKE_5 = "results/peer_throughput/smollm2_lowbit_icelake_streams/results.json"  # minutes before, 5 rounds
+LOWBIT_ICELAKE_FIRST = "results/peer_throughput/smollm2_lowbit_icelake/results.json"  # the same VM at ab7e67e, before
 LOWBIT_PEER = {16: "llama.cpp@F16", 4: "llama.cpp@Q4_0"}  # the llama.cpp row each weight width is held against
 
 
@@ -283,12 +286,13 @@ def _weight_bits(backend: str, dtype: str) -> int:
     return 4 if any(f in backend for f in ("nvfp4", "mxfp4", "int4", "@Q4")) else 16 if dtype != "float32" else 32
 
 
-def smollm2_lowbit():
+def smollm2_lowbit(run: str = LOWBIT_RUN, bandwidth: str = MEMORY_BANDWIDTH):
     """Batch-1 decode with 16-bit and 4-bit weights: jaxserve beside llama.cpp on the same weights, and the weight
-    bytes each streams per second (every weight read once per token)."""
-    d = load(LOWBIT_RUN)
+    bytes each streams per second (every weight read once per token) against the machine's read ceiling."""
+    d = load(run)
     dtype, infos = d["config"]["dtype"], d["config"]["backends"]
-    cells = {r["backend"]: r for r in table("throughput", LOWBIT_RUN) if r["workload"] == "batch1"}
+    cells = {r["backend"]: r for r in table("throughput", run) if r["workload"] == "batch1"}
+    ceiling = read_ceiling(bandwidth)
     rows = []
     for name, c in cells.items():
         bits, weight_bytes = _weight_bits(name, dtype), infos[name].get("weight_bytes")
@@ -296,12 +300,12 @@ def smollm2_lowbit():
         rows.append([name, bits, "" if weight_bytes is None else f"{weight_bytes / 1e6:,.0f}",
                      f"{c['tok_s_median']:,.1f} ({c['tok_s_min']:,.1f}–{c['tok_s_max']:,.1f})",
                      "" if weight_bytes is None else f"{c['tok_s_median'] * weight_bytes / 1e9:.1f} "
-                     f"({pct(c['tok_s_median'] * weight_bytes / 1e9 / read_ceiling(), 0)})",
+                     f"({pct(c['tok_s_median'] * weight_bytes / 1e9 / ceiling, 0)})",
                      "" if peer is None or name.startswith("llama.cpp") else
                      f"**{x(c['tok_s_median'] / peer['tok_s_median'])}** {LOWBIT_PEER[bits]}",
                      f"{c['agrees_with_jaxserve']:.2f}" if "agrees_with_jaxserve" in c else ""])
     return ["backend", "weight bits", "weights MB", "batch-1 tok/s",
-            f"weights read GB/s (of the {read_ceiling():.1f} GB/s read ceiling)", "jaxserve / llama.cpp",
+            f"weights read GB/s (of the {ceiling:.1f} GB/s read ceiling)", "jaxserve / llama.cpp",
             "first 8 tokens = jaxserve's"], rows
 
 
@@ -1186,6 +1190,34 @@ CLAIMS = (
           "ShareGPT (the one-round probe at a7aa42f: 204 vs 439 and 155 vs 249): the goal (≥ 1.2× vLLM) is not met. "
           "Three runs each: jaxserve's spread 3.5% and 2.0%, vLLM's 1.1% and 3.4%. The four-backend float32 table "
           "above (2026-12-02, warm prefix caches after the first round) was not rerun."),
+    Claim("SmolLM2-135M-Instruct batch-1 decode with 16-bit and 4-bit weights on the Ice Lake VM (no AMX, no "
+          "AVX512-BF16): jaxserve beside llama.cpp",
+          (LOWBIT_ICELAKE, LOWBIT_ICELAKE_5, LOWBIT_ICELAKE_FIRST, MEMORY_BANDWIDTH_ICELAKE),
+          functools.partial(smollm2_lowbit, LOWBIT_ICELAKE, MEMORY_BANDWIDTH_ICELAKE),
+          "`JAXSERVE_LLAMACPP_EXTRA_BUFTS=0 python benchmarks/peers/compare.py --model smollm2-135m-instruct --dtype "
+          "bfloat16 --workloads batch1 --rounds 7 --threads 2 --max-num-seqs 1 --backends \"jaxserve,"
+          "jaxserve@engine.num_scheduler_steps=8,jaxserve@engine.quantization=nvfp4+engine.activation_quantization=int8"
+          "+engine.lm_head_quantization=int8+engine.num_scheduler_steps=8,llama.cpp@F16,llama.cpp@Q4_0\"` at 6485b2c "
+          "(+dirty: this script), 2026-12-07 13:52-13:57 UTC, on the 2-core Ice Lake VM (AVX-512 F/BW/VNNI; llama.cpp "
+          "built there with `-DGGML_NATIVE=ON`: AVX512, AVX512_VNNI, no BF16). One slot each, 1 request 64 → 128 "
+          "greedy tokens including its prefill, 7 rounds rotating the backends. **Both batch-1 goals met in this run**, "
+          "with jaxserve's multi-step decoding (`num_scheduler_steps=8`, one program for 8 decode steps): bf16 "
+          "1.32× llama.cpp F16 (one step a program: 1.07×); NVFP4 with int8 activations and the int8 head 1.29× "
+          "llama.cpp Q4_0 (its weights MB count the bf16 embedding kept for the lookup, of which a token reads one row). Every figure moved with the VM: the same backends five rounds each minutes before "
+          "([`smollm2_lowbit_icelake_streams`](../results/peer_throughput/smollm2_lowbit_icelake_streams), a slow "
+          "phase: llama.cpp F16 42.6, Q4_0 85.5) gave bf16 51.0 / 47.9 (one step / 8 steps a program: 1.20× / 1.12× "
+          "F16) and W4A8 68.3 / 88.2 (0.80× / 1.03× Q4_0); so the 16-bit goal held in both runs and the 4-bit one by 3% "
+          "in the slower. Before this commit's change (packed GEMMs up to 4 rows: one contiguous range a thread, not 8 "
+          "chunks each; `jaxserve/kernels/cpu/parallel.h`), one step a program only, at d81c5c4 "
+          "([`smollm2_lowbit_icelake`](../results/peer_throughput/smollm2_lowbit_icelake), 13:03 UTC): bf16 47.2 vs "
+          "F16 56.9 (0.83×), NVFP4 weight-only 54.9, W4A8 with the int8 head 66.2 vs Q4_0 114.7 (0.58×). "
+          "Where a step's time goes (`benchmarks/profile_step.py --dtype bfloat16 --workload batch1`): the program "
+          "~16.2-16.4 ms, of it the GEMMs ~14.9 (gate/up 5.7, down 3.0, the tied head 2.8, q/k/v 2.0, o 1.4-1.5: "
+          "~18-20 GB/s, the VM's two-thread read rate that hour 20-21 GB/s in a C loop), attention 0.6; one step a "
+          "program adds the host's and the dispatch's 2-4 ms, which 8 steps a program share. The W4A8 kernels are "
+          "bound by their integer work, not by memory (~9 GB/s). The weights-read column holds each row's rate "
+          "against the read ceiling measured on this VM that morning (26.7 GB/s; the same C loop read 20-22 GB/s this "
+          "hour)."),
     Claim("SmolLM2-135M-Instruct batch-1 decode with 16-bit and 4-bit weights: jaxserve beside llama.cpp",
           (LOWBIT_RUN, LOWBIT_RUN64, LOWBIT_RERUN, LOWBIT_PACKED_HEAD, LOWBIT_RUN1, LOWBIT_36AF0D6, LOWBIT_F16_DEFAULT,
            LOWBIT_BEFORE_KERNEL, MEMORY_BANDWIDTH),
