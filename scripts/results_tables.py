@@ -1070,7 +1070,9 @@ CLAIMS = (
           "tail (431 of its 758 decode steps run 1-8 rows) and batch 1 use. ShareGPT **1.11×** vLLM (the table "
           "below: 1.04×), batch 1 1.24× (1.21×); the goal (≥ 1.2× at ShareGPT) is still not met in float32 here. "
           "Eight steps a program ran slower than one in this run, at both workloads (4.8-5.0 s against 4.1-4.5 s "
-          "a batch-1 round), as in no float32 run before: not looked into."),
+          "a batch-1 round), as in no float32 run before; an alternating A/B afterwards (batch 1, one process per "
+          "arm, 4 runs each, 14:56-15:01 UTC) gave 8 steps 28.0 / 29.8 tok/s against one step 25.1 / 26.8 with the "
+          "change and 27.9 / 28.4 against 26.4 / 24.5 without it: that run's order was the VM's, not the change's."),
     Claim("SmolLM2-135M-Instruct in float32 beside vLLM CPU on the Ice Lake VM: the tied LM head packed too",
           (SMOLLM2_F32_ICELAKE_PACKED_HEAD, MEMORY_BANDWIDTH_ICELAKE),
           functools.partial(multi_step_vllm, SMOLLM2_F32_ICELAKE_PACKED_HEAD, weight_bytes=SMOLLM2_PARAMS * 4,
