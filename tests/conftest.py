@@ -51,7 +51,14 @@ def _bounded_memory_maps():
 HAVE_PEERS = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    """Skips what this machine cannot run; under ``--dist loadgroup`` a test without a group of its own joins its
+    file's, so a module's fixtures and compiled programs are built on one worker, not on both."""
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if not HAVE_PEERS:
         skip_peers = pytest.mark.skip(reason="needs the peers extra (torch, transformers)")
         for item in items:
