@@ -2,6 +2,7 @@
 with the peers extra (torch, transformers) installed. XLA:CPU compiles the tests' programs without its backend
 optimizations (below)."""
 import atexit
+import gc
 import importlib.util
 import os
 import shutil
@@ -72,10 +73,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _collect_less_often():
+    """CPython's cyclic collector ran ~5% of a worker's CPU (the suite under ``perf``): each full collection walks
+    every object JAX keeps (jaxprs, lowering caches, modules), and with the default gen-0 threshold (700
+    allocations) tracing and lowering trigger thousands. The objects alive after collection (modules, fixtures' code)
+    move to the permanent generation, and a collection waits for more allocations; cycles are still freed.
+    ``JAXSERVE_TEST_GC=default`` keeps CPython's settings."""
+    if os.environ.get("JAXSERVE_TEST_GC") != "default":
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
+
+
 def pytest_collection_finish(session):
     """Under ``--dist loadgroup`` each worker's grouped tests carry their group in their node id (how pytest-xdist
     sends a group to one worker). Where that is lost (pytest 9.2 with pytest-xdist 3.8: pytest-xdist issue 1386),
-    the groups' shared fixtures are built on every worker, silently; fail instead."""
+    the groups' shared fixtures are built on every worker, silently; fail instead. First, the collector's
+    settings (``_collect_less_often``)."""
+    _collect_less_often()
     config = session.config
     if not hasattr(config, "workerinput") or not getattr(config.option, "loadgroup", False):  # a worker's view
         return
