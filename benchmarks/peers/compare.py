@@ -7,8 +7,9 @@
 One process loads the model once (float32), builds every backend (``jaxserve.bench.backends``: jaxserve and
 HF in this process, vLLM and llama.cpp as driver subprocesses in their own venvs, on exports of the same
 params), serves each workload once untimed per backend, then runs ``--rounds`` rounds: in round r the
-backend order is rotated by r, and each backend serves each workload once. The record per (workload,
-backend): output tokens/s median and range over rounds, and the fraction of requests whose first 8 greedy
+backend order is rotated by r, and each backend serves each workload once (``--back-to-back``: each backend
+serves a workload ``--rounds`` times in a row instead, the spread of one process's repeated runs). The record
+per (workload, backend): output tokens/s median and range over rounds, and the fraction of requests whose first 8 greedy
 tokens match the first backend's (same weights, same argmax: near 1 unless a near-tie flips; a backend on
 different weights would score ~0). Backends whose venv is missing are skipped, and said so.
 Workloads: ``batch1`` (1 request, 64 -> 128 tokens), ``batch64`` (64 such requests), ``sharegpt``
@@ -57,6 +58,15 @@ def workloads(names: list[str], vocab: int, max_model_len: int, scale: float, se
                              output_len=(presets[n][2],) * 2, length_scale=scale) for n in names}
 
 
+def schedule(names: list[str], workloads: list[str], rounds: int, back_to_back: bool) -> list[tuple[int, str, str]]:
+    """The timed runs in order, as (round, workload, backend): rounds rotating the backends (round r starts at the
+    r-th), so that a slow minute of the VM is shared; or ``back_to_back``, each backend's rounds of a workload in a
+    row."""
+    if back_to_back:
+        return [(r, w, n) for w in workloads for n in names for r in range(rounds)]
+    return [(r, w, n) for r in range(rounds) for w in workloads for n in names[r % len(names):] + names[:r % len(names)]]
+
+
 def backend_options(spec: str, args) -> tuple[str, BenchOptions]:
     """``NAME[@VARIANT]`` -> (the backend's name, its options); errors name the spec."""
     name, _, variant = spec.partition("@")
@@ -101,6 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--sharegpt-scale", type=float, default=0.5)
     p.add_argument("--gguf-file", default=None, help="llama.cpp: this GGUF instead of an export of the params")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--back-to-back", action="store_true",
+                   help="each backend's rounds of a workload in a row, not rotating the backends round by round: the "
+                        "runs one process gives when nothing else runs between them (the spread of repeated runs)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -126,12 +139,9 @@ def main(argv=None) -> int:
             for w, requests in loads.items():  # the untimed warm-up, and the checks of every output
                 for n, b in backends.items():
                     timed_runs(b, requests[:2], workdir, 1, tag=f"warm-{w}")
-            for r in range(args.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for w, requests in loads.items():
-                    for n in order:
-                        runs.setdefault((w, n), []).extend(timed_runs(backends[n], requests, workdir, 1, tag=w))
-                        print(f"round {r} {w} {n}: {runs[(w, n)][-1]['elapsed_s']:.2f} s", file=sys.stderr, flush=True)
+            for r, w, n in schedule(names, list(loads), args.rounds, args.back_to_back):
+                runs.setdefault((w, n), []).extend(timed_runs(backends[n], loads[w], workdir, 1, tag=w))
+                print(f"round {r} {w} {n}: {runs[(w, n)][-1]['elapsed_s']:.2f} s", file=sys.stderr, flush=True)
         finally:
             for b in backends.values():
                 b.close()
@@ -158,6 +168,7 @@ def main(argv=None) -> int:
                          "max_model_len": args.max_model_len, "threads": args.threads,
                          "kv_cache_gib": args.kv_cache_gib,
                          "sharegpt_scale": args.sharegpt_scale, "rounds": args.rounds,
+                         "back_to_back": args.back_to_back,
                          "backends": {n: b.info for n, b in backends.items()}},
               "tables": {"throughput": rows}}
     print("| workload | backend | output tok/s (median) | range | agrees |\n|---|---|---|---|---|")

@@ -1,4 +1,5 @@
-"""``benchmarks/peers/compare.py``'s backend variants (``NAME@VARIANT``): parsed into options, or refused by name."""
+"""``benchmarks/peers/compare.py``'s backend variants (``NAME@VARIANT``): parsed into options, or refused by name;
+and the order of its timed runs."""
 import argparse
 import importlib.util
 import pathlib
@@ -43,3 +44,16 @@ def test_variants_set_the_gguf_type_or_engine_overrides():
 def test_bad_variants_are_refused_naming_them(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         compare.backend_options(spec, args())
+
+
+def test_rounds_rotate_the_backends_and_back_to_back_keeps_each_backends_runs_together():
+    names, loads = ["jaxserve", "jaxserve@engine.num_scheduler_steps=8", "vllm"], ["batch64", "sharegpt"]
+    rotating = compare.schedule(names, loads, 4, back_to_back=False)
+    together = compare.schedule(names, loads, 4, back_to_back=True)
+    for runs in (rotating, together):  # every (workload, backend) runs once a round, each round once
+        assert sorted(runs) == sorted((r, w, n) for r in range(4) for w in loads for n in names)
+    # round r starts at the r-th backend: each backend leads a workload's round in turn
+    assert [[n for r, w, n in rotating if r == k and w == "batch64"][0] for k in range(4)] == [*names, names[0]]
+    # back to back: a backend's 4 runs of a workload are consecutive, in round order
+    assert together[:4] == [(r, "batch64", "jaxserve") for r in range(4)]
+    assert [n for _, w, n in together if w == "batch64"] == [n for n in names for _ in range(4)]
