@@ -1146,7 +1146,7 @@ CLAIMS = (
           functools.partial(multi_step_vllm, SMOLLM2_BF16_XEON_480, weight_bytes=SMOLLM2_PARAMS * 2,
                             ceiling=MEMORY_BANDWIDTH_XEON_480),
           "The multi-step table's command with the prefill-only workload added, at 612007e (its +dirty: "
-          "scripts/results_tables.py only), 2026-12-07 22:45-23:10 UTC, on a 2-core Intel Xeon VM of a kind not "
+          "scripts/results_tables.py only), 2026-12-07 22:45-22:55 UTC, on a 2-core Intel Xeon VM of a kind not "
           "seen before: AMX and AVX512-BF16, 2.6 GHz, 2 MiB L2 a core and 480 MiB of L3 reported, reading 34.6 GB/s "
           "with two threads (`python benchmarks/memory_bandwidth.py`), load average 0.5 before. No code changed "
           "since the tables above. With 8 steps a program jaxserve is **1.31×** vLLM at batch 64 (1.23× with one "
@@ -1164,7 +1164,7 @@ CLAIMS = (
           "--backends \"jaxserve,jaxserve@engine.num_scheduler_steps=8,vllm\" --workloads batch64,sharegpt --rounds 5 "
           "--back-to-back --threads 2 --dtype bfloat16`, each backend's five runs of a workload in a row with nothing "
           "else running between them (`--back-to-back`; the tables above rotate the backends round by round), "
-          "2026-12-07 23:02-23:20 UTC, the VM of the two tables above, at 612007e (its +dirty: `--back-to-back` "
+          "2026-12-07 23:01-23:11 UTC, the VM of the two tables above, at b5538c9 (its +dirty: `--back-to-back` "
           "itself, scripts/ and tests/). Every jaxserve setting's five runs are within **7%** of each other (the "
           "slowest over the fastest), vLLM's within 8%: the goal is met here. The same engine's runs rotating with "
           "vLLM's in the table above spread 13% (8 steps a program at batch 64: 5.50-6.24 s), and a `/tmp` script "
