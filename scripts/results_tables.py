@@ -256,6 +256,8 @@ LOWBIT_F16_DEFAULT = "results/peer_throughput/smollm2_lowbit_f16_amx/results.jso
 LOWBIT_ICELAKE = "results/peer_throughput/smollm2_lowbit_icelake_streams_rerun/results.json"  # Ice Lake, 7 rounds
 LOWBIT_ICELAKE_5 = "results/peer_throughput/smollm2_lowbit_icelake_streams/results.json"  # minutes before, 5 rounds
 LOWBIT_ICELAKE_FIRST = "results/peer_throughput/smollm2_lowbit_icelake/results.json"  # the same VM at ab7e67e, before
+LOWBIT_XEON_480 = "results/peer_throughput/smollm2_lowbit_xeon_l3_480/results.json"  # the 480 MiB-L3 AMX VM
+LOWBIT_F16_AMX_XEON_480 = "results/peer_throughput/smollm2_lowbit_f16_amx_xeon_l3_480/results.json"  # its AMX buffers
 LOWBIT_PEER = {16: "llama.cpp@F16", 4: "llama.cpp@Q4_0"}  # the llama.cpp row each weight width is held against
 
 
@@ -1272,6 +1274,22 @@ CLAIMS = (
           "ShareGPT (the one-round probe at a7aa42f: 204 vs 439 and 155 vs 249): the goal (≥ 1.2× vLLM) is not met. "
           "Three runs each: jaxserve's spread 3.5% and 2.0%, vLLM's 1.1% and 3.4%. The four-backend float32 table "
           "above (2026-12-02, warm prefix caches after the first round) was not rerun."),
+    Claim("SmolLM2-135M-Instruct batch-1 decode with 16-bit and 4-bit weights on the AMX VM with 480 MiB of L3: "
+          "jaxserve beside llama.cpp",
+          (LOWBIT_XEON_480, LOWBIT_F16_AMX_XEON_480, MEMORY_BANDWIDTH_XEON_480),
+          functools.partial(smollm2_lowbit, LOWBIT_XEON_480, MEMORY_BANDWIDTH_XEON_480),
+          "The Ice Lake table's command below with 5 rounds, at b59e007, 2026-12-08 00:05-00:06 UTC (warm-up from the compile cache the first attempt filled), on the VM of the "
+          "bf16 and float32 vLLM tables above (AMX, 480 MiB L3; llama.cpp 0.3.36 built there the same evening with "
+          "`bash benchmarks/peers/setup_llamacpp.sh`: AVX512, AVX512_VNNI, AVX512_BF16, AMX_INT8). One slot each, 1 "
+          "request 64 → 128 greedy tokens including its prefill, rounds rotating the backends, "
+          "`JAXSERVE_LLAMACPP_EXTRA_BUFTS=0` as in every low-bit table (llama.cpp's AMX Q4_0 path crashes on these "
+          "Xeons). **Both batch-1 goals met**: bf16 with 8 steps a program **1.61×** llama.cpp F16 (one step a "
+          "program 1.37×), NVFP4 with int8 activations and the int8 head **1.71×** llama.cpp Q4_0. llama.cpp's F16 with "
+          "its extra buffer types on (its default, AMX-repacked where it has them), minutes after "
+          "([`smollm2_lowbit_f16_amx_xeon_l3_480`](../results/peer_throughput/smollm2_lowbit_f16_amx_xeon_l3_480), "
+          "5 rounds against one-step jaxserve): 53.6 tok/s against jaxserve's 68.8 (1.28×), no faster than without "
+          "them (54.9). A first attempt at this run, minutes before, ran the jaxserve of a CI clone's editable install "
+          "(the same code) with llama.cpp skipped and read jaxserve 63.7 / 75.7 / 121.2 tok/s: the VM's minute."),
     Claim("SmolLM2-135M-Instruct batch-1 decode with 16-bit and 4-bit weights on the Ice Lake VM (no AMX, no "
           "AVX512-BF16): jaxserve beside llama.cpp",
           (LOWBIT_ICELAKE, LOWBIT_ICELAKE_5, LOWBIT_ICELAKE_FIRST, MEMORY_BANDWIDTH_ICELAKE),
