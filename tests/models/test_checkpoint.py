@@ -1,5 +1,6 @@
 """Checkpoint round trip is bit-exact; bad checkpoints raise CheckpointError naming the problem."""
 import dataclasses
+import gc
 import json
 import shutil
 
@@ -60,6 +61,7 @@ def test_missing_layer(saved, tmp_path):
 
 @pytest.mark.parametrize("manifest", [True, False])
 @pytest.mark.parametrize("which", ["array data", "everything"])
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_files(saved, tmp_path, which, manifest):
     path = copy_of(saved, tmp_path)
     files = [f for f in (path / "params").rglob("*") if f.is_file()]
@@ -76,6 +78,9 @@ def test_truncated_files(saved, tmp_path, which, manifest):
     with pytest.warns(UserWarning, match="no jaxserve_manifest.json"), \
             pytest.raises(CheckpointError, match="cannot restore checkpoint"):
         load_model(path)
+    # orbax leaves the failed read's coroutine to the collector: collect it here, where the failure is the point,
+    # so that its "exception ignored" is not reported against whichever test the collector next runs in
+    gc.collect()
 
 
 def test_missing_params_directory(saved, tmp_path):
