@@ -103,22 +103,32 @@ def multi_step_serving():
             "server ready (s)"], rows
 
 
+def by_workload(rel: str) -> dict[tuple[str, int], dict[str, dict]]:
+    """A peer run's throughput rows as {(workload, requests): {backend: row}}, in the run's order."""
+    by = {}
+    for r in table("throughput", rel):
+        by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
+    return by
+
+
+def tok_s(c: dict) -> str:
+    """A backend's output tok/s over the rounds: median (range)."""
+    return f"{c['tok_s_median']:,.0f} ({c['tok_s_min']:,.0f}–{c['tok_s_max']:,.0f})"
+
+
 def multi_step_vllm(rel: str = SMOLLM2_BF16_MULTI_STEP, weight_bytes: int | None = None, ceiling: str | None = None):
     """jaxserve with one decode step a program and with K (``num_scheduler_steps``, one or more K) beside vLLM, in
     one run: output tok/s median (range), and each against vLLM's median; with ``weight_bytes``, at batch 64 the
     weight bytes a second each backend reads (one read of every weight a step of 64 tokens) against ``ceiling``'s
     read ceiling."""
-    by = {}
-    for r in table("throughput", rel):
-        by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
+    by = by_workload(rel)
     multis = sorted({b for cells in by.values() for b in cells if "num_scheduler_steps" in b},
                     key=lambda b: int(b.split("=")[-1]))
     ks = [b.split("=")[-1] for b in multis]
     rows = []
     for (workload, requests), cells in by.items():
         peer = cells["vllm"]["tok_s_median"]
-        rows.append([workload, requests, *(f"{cells[b]['tok_s_median']:,.0f} ({cells[b]['tok_s_min']:,.0f}–"
-                                           f"{cells[b]['tok_s_max']:,.0f})" for b in ("jaxserve", *multis, "vllm")),
+        rows.append([workload, requests, *(tok_s(cells[b]) for b in ("jaxserve", *multis, "vllm")),
                      x(cells["jaxserve"]["tok_s_median"] / peer),
                      *(f"**{x(cells[b]['tok_s_median'] / peer)}**" for b in multis)])
     headers = ["workload", "requests", "jaxserve tok/s, 1 step a program",
@@ -137,13 +147,10 @@ def multi_step_vllm(rel: str = SMOLLM2_BF16_MULTI_STEP, weight_bytes: int | None
 def backends_vs_vllm(rel: str):
     """Each backend of one run, output tok/s median (range) per workload, and each jaxserve backend's median against
     vLLM's."""
-    by = {}
-    for r in table("throughput", rel):
-        by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
+    by = by_workload(rel)
     backends = list(dict.fromkeys(b for cells in by.values() for b in cells))
     ours = [b for b in backends if b.startswith("jaxserve")]
-    rows = [[workload, requests, *(f"{c[b]['tok_s_median']:,.0f} ({c[b]['tok_s_min']:,.0f}–{c[b]['tok_s_max']:,.0f})"
-                                   for b in backends),
+    rows = [[workload, requests, *(tok_s(c[b]) for b in backends),
              *(f"**{x(c[b]['tok_s_median'] / c['vllm']['tok_s_median'])}**" for b in ours)]
             for (workload, requests), c in by.items()]
     return ["workload", "requests", *(f"{b} tok/s" for b in backends), *(f"{b} / vllm" for b in ours)], rows
@@ -153,8 +160,7 @@ def run_spread(rel: str):
     """One process's repeated runs of a workload (``compare.py --back-to-back``): each run's seconds in order, output
     tok/s median (range), and the spread, the slowest run's time over the fastest's."""
     rows = [[r["workload"], r["backend"], " ".join(f"{t:.2f}" for t in r["seconds"]),
-             f"{r['tok_s_median']:,.0f} ({r['tok_s_min']:,.0f}–{r['tok_s_max']:,.0f})",
-             f"**{pct(max(r['seconds']) / min(r['seconds']) - 1, 0)}**"] for r in table("throughput", rel)]
+             tok_s(r), f"**{pct(max(r['seconds']) / min(r['seconds']) - 1, 0)}**"] for r in table("throughput", rel)]
     return ["workload", "backend", "seconds, run by run", "tok/s median (range)", "slowest / fastest − 1"], rows
 
 
@@ -165,16 +171,13 @@ def packed_fma_vllm(rel: str = SMOLLM2_BF16_ICELAKE_FMA, ceiling: str | None = N
     (``stored``: the path before), and vLLM, in one run: output tok/s median (range), against vLLM's median and the
     stored layout's; at batch 64 the weight bytes a second the 8-step engine reads against ``ceiling``'s read
     ceiling."""
-    by = {}
-    for r in table("throughput", rel):
-        by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
+    by = by_workload(rel)
     multi, as_stored = "jaxserve@engine.num_scheduler_steps=8", "jaxserve@engine.weight_layout=as_stored"
     read = read_ceiling(ceiling) if ceiling else None
-    cell = lambda c: f"{c['tok_s_median']:,.0f} ({c['tok_s_min']:,.0f}–{c['tok_s_max']:,.0f})"  # noqa: E731
     rows = []
     for (workload, requests), c in by.items():
         best = max(c["jaxserve"]["tok_s_median"], c[multi]["tok_s_median"])
-        rows.append([workload, requests, *(cell(c[b]) for b in ("jaxserve", multi, as_stored, "vllm")),
+        rows.append([workload, requests, *(tok_s(c[b]) for b in ("jaxserve", multi, as_stored, "vllm")),
                      f"**{x(best / c['vllm']['tok_s_median'])}**", x(best / c[as_stored]["tok_s_median"])])
         if read:
             gb_s = c[multi]["tok_s_median"] / requests * SMOLLM2_PARAMS * bytes_per_weight / 1e9
@@ -210,8 +213,7 @@ def peer_throughput(runs=PEER_RUNS):
             best = max((r for b, r in cells.items() if b != "jaxserve"), key=lambda r: r["tok_s_median"])
             ratio = cells["jaxserve"]["tok_s_median"] / best["tok_s_median"] if "jaxserve" in cells else None
             rows.append([model, workload, requests,
-                         *(f"{cells[b]['tok_s_median']:,.0f} ({cells[b]['tok_s_min']:,.0f}–{cells[b]['tok_s_max']:,.0f})"
-                           if b in cells else "—" for b in PEER_BACKENDS),
+                         *(tok_s(cells[b]) if b in cells else "—" for b in PEER_BACKENDS),
                          "—" if ratio is None else f"**{x(ratio)}** {best['backend']}",
                          f"{min(r['agrees_with_jaxserve'] for r in cells.values()):.2f}"])
     return ["model", "workload", "requests", *(f"{b} tok/s" for b in PEER_BACKENDS), "jaxserve / best other",
@@ -231,9 +233,7 @@ def smollm2_speed():
     for rel in SMOLLM2_RUNS:
         dtype = load(rel)["config"]["dtype"]
         weight_bytes = SMOLLM2_PARAMS * (4 if dtype == "float32" else 2)
-        by = {}
-        for r in table("throughput", rel):
-            by.setdefault((r["workload"], r["requests"]), {})[r["backend"]] = r
+        by = by_workload(rel)
         for (workload, requests), cells in by.items():
             j, h = cells["jaxserve"], cells["hf"]
             rows.append([dtype, workload, requests,
